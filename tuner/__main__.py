@@ -1,0 +1,5 @@
+"""``python -m tuner``: see ``tuner.cli``."""
+
+from tuner.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Command line: ``python -m tuner launch | report | check-model``.
+
+Thin by design: one parser function per command; parsing is tested on its own; the work is done
+in ``tuner.launch`` / ``tuner.report`` / ``tuner.checkmodel``. A :class:`TunerError` is printed
+as one clear message (no traceback) and the exit status is 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tuner.errors import TunerError
+
+LAUNCH_FLAGS = (
+    "model", "space", "trials", "steps", "seeds", "report_every", "study", "storage",
+    "tracking_uri", "no_tracking", "address", "cpus_per_trial", "gpus_per_trial",
+    "max_concurrent", "max_retries", "num_cpus", "num_gpus", "sampler", "seed", "out",
+    "allow_bad_data", "live",
+)
+
+
+def add_launch(sub: Any) -> None:
+    """The ``launch`` command's flags (every default lives in tuner.config.LaunchConfig)."""
+    p = sub.add_parser("launch", help="run a stability search and write best_config.yaml",
+                       description="Search for a training config that does not diverge.")
+    p.add_argument("--config", help="launch YAML whose keys are these flags' names (flags win)")
+    p.add_argument("--model", help="iterated_mlp (default), counting_cnn, pkg.module:Name or file.py:Name")
+    p.add_argument("--space", help="search-space YAML (default: search_spaces/<model>.yaml)")
+    p.add_argument("--trials", type=int, help="finished trials the study should reach (default 30)")
+    p.add_argument("--steps", type=int, help="training steps per seed run: the budget (default 400)")
+    p.add_argument("--seeds", type=int, help="seeds per trial, run in parallel (default 2)")
+    p.add_argument("--report-every", type=int, help="steps between progress records (default 25)")
+    p.add_argument("--study", help="study name; the same name and storage continue a study (default: model name)")
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///tuner.db)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    p.add_argument("--no-tracking", action="store_true", default=None, help="do not log to MLflow")
+    p.add_argument("--address", help="join this Ray cluster (host:port or auto); default: start a local one")
+    p.add_argument("--cpus-per-trial", type=float, help="CPUs of one seed run; its TF threads (default 1)")
+    p.add_argument("--gpus-per-trial", type=float, help="GPUs of one seed run, fractions share a GPU (default 0)")
+    p.add_argument("--max-concurrent", type=int, help="at most this many seed runs at once (default: what fits)")
+    p.add_argument("--max-retries", type=int, help="retries of a seed run whose worker died (default 2)")
+    p.add_argument("--num-cpus", type=int, help="CPUs of the embedded local cluster (default: all)")
+    p.add_argument("--num-gpus", type=int, help="GPUs of the embedded local cluster (default: detected)")
+    p.add_argument("--sampler", choices=("tpe", "random"), help="Optuna sampler (default tpe)")
+    p.add_argument("--seed", type=int, help="sampler seed, for a reproducible search (default 0)")
+    p.add_argument("--out", help="where to write the best config (default best_config.yaml)")
+    p.add_argument("--allow-bad-data", action="store_true", default=None,
+                   help="skip samples the data preflight flags instead of stopping")
+    p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
+                   help="live terminal view (default: when stdout is a terminal)")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The whole command line."""
+    root = argparse.ArgumentParser(prog="python -m tuner", description=__doc__.splitlines()[0])
+    sub = root.add_subparsers(dest="command", required=True)
+    add_launch(sub)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: parse, run, turn a TunerError into a message and exit status 2."""
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "launch":
+            return _launch(args)
+    except TunerError as exc:
+        print(f"tuner: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tuner: interrupted; run the same command again to continue the study", file=sys.stderr)
+        return 130
+    return 1
+
+
+def launch_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The launch flags that were given (None means not given)."""
+    return {name: getattr(args, name) for name in LAUNCH_FLAGS}
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from tuner.config import load_launch
+    from tuner.launch import launch
+
+    launch(load_launch(launch_flags(args), args.config))
+    return 0

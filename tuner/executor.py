@@ -1,0 +1,267 @@
+"""Runs seed runs on Ray: one long-lived actor per slot, records streamed back to the driver.
+
+The driver calls :meth:`RayExecutor.submit` with a :class:`RunSpec`, :meth:`poll` for the records
+streamed so far and :meth:`cancel` for a trial's remaining runs. Each run is one call of the
+actor's streaming generator (``TrialWorker.run``). A worker that dies (killed process, lost node)
+has its run retried on another actor up to ``max_retries`` times, then the run is FAILED.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tuner.config import prepare_environment
+
+prepare_environment()  # before Ray is imported: it reads RAY_AUTH_MODE at import
+
+import ray  # noqa: E402
+from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError, WorkerCrashedError  # noqa: E402
+
+from tuner.errors import ClusterError  # noqa: E402
+from tuner.records import RunRecord, RunSpec, RunStatus  # noqa: E402
+from tuner.worker import TrialWorker  # noqa: E402
+
+log = logging.getLogger(__name__)
+_DEATH = (RayActorError, WorkerCrashedError)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where and how big the seed runs are.
+
+    Attributes:
+        address: an existing cluster (``host:port``, ``auto``, ``ray://...``); None starts one.
+        cpus_per_trial: CPUs of one seed run (its TF thread count is the ceiling of this).
+        gpus_per_trial: GPUs of one seed run; fractions share a GPU.
+        max_concurrent: at most this many seed runs at once (None: what the cluster fits).
+        max_retries: times a run is retried after its worker died.
+        num_cpus: CPUs of an embedded cluster (None: the machine's).
+        num_gpus: GPUs of an embedded cluster (None: the machine's).
+        runtime_env: Ray runtime env of the job (to ship a user's model code).
+    """
+
+    address: str | None = None
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    max_concurrent: int | None = None
+    max_retries: int = 2
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+
+
+class RayExecutor:
+    """Seed runs on a pool of :class:`TrialWorker` actors (see module docs)."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self._owns_ray = _connect(config)
+        self.slots = _slots(config)
+        self._actor_class = ray.remote(TrialWorker).options(  # type: ignore[attr-defined]
+            num_cpus=config.cpus_per_trial, num_gpus=config.gpus_per_trial,
+            max_restarts=0, max_task_retries=0,
+        )
+        self._starting: dict[Any, Any] = {}  # ready() ref -> actor still importing TF
+        self._idle: list[Any] = []
+        self._queue: deque[RunSpec] = deque()
+        self._running: dict[Any, tuple[RunSpec, Any]] = {}  # generator -> (spec, actor)
+        self._last: dict[Any, RunRecord] = {}  # generator -> its latest progress record
+        self._out: list[RunRecord] = []  # records made here (cancelled, failed) for the next poll
+        self.workers: dict[int, dict[str, Any]] = {}  # worker pid -> where it runs
+        for _ in range(self.slots):
+            self._start_actor()
+
+    def free(self) -> int:
+        """Slots that a newly submitted run would not have to wait for."""
+        return self.slots - len(self._running) - len(self._queue)
+
+    def submit(self, spec: RunSpec) -> None:
+        """Queue a seed run; it starts as soon as a worker is free."""
+        self._queue.append(spec)
+        self._dispatch()
+
+    def cancel(self, trial: int) -> None:
+        """Cancel the queued and running seed runs of ``trial`` (each ends CANCELLED)."""
+        for spec in [s for s in self._queue if s.trial == trial]:
+            self._queue.remove(spec)
+            self._out.append(_ended(spec, RunStatus.CANCELLED, "cancelled before it started"))
+        for gen, (spec, _) in self._running.items():
+            if spec.trial == trial:
+                ray.cancel(gen)
+
+    def poll(self, timeout: float) -> list[RunRecord]:
+        """Records streamed since the last poll, waiting up to ``timeout`` seconds for one."""
+        waitables = list(self._running) + list(self._starting)
+        if waitables and not self._out:
+            ready, _ = ray.wait(waitables, num_returns=1, timeout=timeout)
+            if ready:
+                ready, _ = ray.wait(waitables, num_returns=len(waitables), timeout=0)
+            for item in ready:
+                self._take(item)
+        elif not waitables and not self._out:
+            time.sleep(min(timeout, 0.05))
+        self._dispatch()
+        out, self._out = self._out, []
+        return out
+
+    def close(self) -> None:
+        """Stop the workers, and the embedded cluster if this executor started it."""
+        for actor in [*self._idle, *self._starting.values(), *(a for _, a in self._running.values())]:
+            ray.kill(actor)
+        if self._owns_ray:
+            ray.shutdown()
+
+    def _start_actor(self) -> None:
+        actor = self._actor_class.remote()
+        self._starting[actor.ready.remote()] = actor
+
+    def _dispatch(self) -> None:
+        while self._idle and self._queue:
+            actor, spec = self._idle.pop(), self._queue.popleft()
+            gen = actor.run.options(num_returns="streaming").remote(spec)
+            self._running[gen] = (spec, actor)
+
+    def _take(self, item: Any) -> None:
+        if item in self._starting:
+            self._actor_started(item)
+        elif item in self._running:
+            self._next_record(item)
+
+    def _actor_started(self, ref: Any) -> None:
+        actor = self._starting.pop(ref)
+        try:
+            where = ray.get(ref)
+        except _DEATH as exc:
+            log.warning("a worker died while starting: %s", exc)
+            return
+        self.workers[where["pid"]] = where
+        self._idle.append(actor)
+
+    def _next_record(self, gen: Any) -> None:
+        spec = self._running[gen][0]
+        try:
+            record = ray.get(next(gen))
+        except StopIteration:  # ended without a final record: treat like a crash
+            self._worker_lost(gen, "the worker ended the run without a result")
+            return
+        except TaskCancelledError:
+            last = self._release(gen)
+            self._out.append(_ended(spec, RunStatus.CANCELLED, "cancelled", last))
+            return
+        except _DEATH as exc:
+            self._worker_lost(gen, f"worker died: {type(exc).__name__}")
+            return
+        self._out.append(record)
+        if record.final:
+            self._release(gen)
+        else:
+            self._last[gen] = record
+
+    def _release(self, gen: Any) -> RunRecord | None:
+        """Free the run's worker; return the run's latest progress record."""
+        _, actor = self._running.pop(gen)
+        self._idle.append(actor)
+        return self._last.pop(gen, None)
+
+    def _worker_lost(self, gen: Any, reason: str) -> None:
+        """Replace the dead worker; retry its run, or fail it after ``max_retries`` retries."""
+        spec, actor = self._running.pop(gen)
+        last = self._last.pop(gen, None)
+        ray.kill(actor)
+        self._start_actor()
+        if spec.attempt < self.config.max_retries:
+            log.warning("trial %d seed %d: %s; retrying", spec.trial, spec.seed, reason)
+            self._queue.appendleft(replace(spec, attempt=spec.attempt + 1))
+        else:
+            detail = f"{reason} ({spec.attempt + 1} attempts, max_retries={self.config.max_retries})"
+            self._out.append(_ended(spec, RunStatus.FAILED, detail, last))
+
+
+def _ended(spec: RunSpec, status: RunStatus, reason: str, last: RunRecord | None = None) -> RunRecord:
+    """A final record made by the executor for a run whose worker could not send one."""
+    step = last.step if last else 0
+    loss = last.loss if last else None
+    return RunRecord(spec.trial, spec.seed, step, status, loss=loss, final=True,
+                     steps_survived=step, last_finite_loss=loss, error=reason)
+
+
+def _connect(config: ClusterConfig) -> bool:
+    """Join the cluster at ``config.address``, or start an embedded one; True if we started it."""
+    if ray.is_initialized():
+        return False
+    common: dict[str, Any] = {
+        "include_dashboard": False, "log_to_driver": False,
+        "logging_level": logging.WARNING, "runtime_env": config.runtime_env or None,
+    }
+    if config.address is None:
+        _ensure_token()
+        ray.init(num_cpus=config.num_cpus, num_gpus=config.num_gpus, **common)
+        return True
+    _check_reachable(config.address)
+    try:
+        ray.init(address=config.address, **common)
+    except (ConnectionError, RuntimeError, GetTimeoutError) as exc:
+        raise ClusterError(
+            f"cannot join the Ray cluster at {config.address!r}: {exc}. Check the address "
+            "(ray status on the head node prints it), and that RAY_AUTH_MODE=token is set "
+            "with the cluster's token in ~/.ray/auth_token"
+        ) from exc
+    return False
+
+
+def _ensure_token() -> None:
+    """Give a new local cluster a token if none exists: token authentication stays on."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    path = Path.home() / ".ray" / "auth_token"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_hex(32))
+
+
+def _check_reachable(address: str) -> None:
+    """Fail fast with a clear message when a ``host:port`` address does not answer."""
+    if address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            return
+    except (OSError, ValueError) as exc:
+        raise ClusterError(
+            f"no Ray cluster answers at {address!r} ({exc}). Start one with "
+            "'RAY_AUTH_MODE=token ray start --head --port PORT', or leave out --address to "
+            "run on an embedded local cluster"
+        ) from exc
+
+
+def _slots(config: ClusterConfig) -> int:
+    """How many seed runs fit on the cluster's alive nodes at once."""
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    cpus, gpus = config.cpus_per_trial, config.gpus_per_trial
+    if gpus > 0 and not any(r.get("GPU", 0) >= gpus for r in nodes):
+        have = sum(r.get("GPU", 0) for r in nodes)
+        raise ClusterError(
+            f"--gpus-per-trial {gpus} asks for more GPUs than any node has (the cluster has "
+            f"{have:g} GPU(s) in all); lower --gpus-per-trial or add GPU nodes"
+        )
+    fits = sum(min(_fit(r.get("CPU", 0), cpus), _fit(r.get("GPU", 0), gpus)) for r in nodes)
+    if fits < 1:
+        raise ClusterError(
+            f"no node can host a seed run of {cpus:g} CPU(s) and {gpus:g} GPU(s); "
+            "lower --cpus-per-trial/--gpus-per-trial"
+        )
+    return min(fits, config.max_concurrent) if config.max_concurrent else fits
+
+
+def _fit(have: float, need: float) -> int:
+    return 10**6 if need <= 0 else int(have // need + 1e-9)

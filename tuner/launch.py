@@ -1,0 +1,171 @@
+"""``tuner launch``: validate, start the workers, run the study, write best_config.yaml.
+
+Order matters for "bad input loses nothing": the model and the search space are checked before
+anything is created; the cluster's resources are checked before any trial starts; a study left
+behind by a dead driver is repaired (its RUNNING trials marked FAIL and run again) before new
+trials are asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from tuner.config import LaunchConfig, prepare_environment, redact
+from tuner.errors import ConfigError
+from tuner.models import Model, load_model, model_file
+from tuner.spaces import SearchSpace, default_space, load_space
+
+log = logging.getLogger(__name__)
+console = Console()
+
+
+def launch(config: LaunchConfig) -> dict[str, Any]:
+    """Run one launch end to end; return the best-config document that was written."""
+
+    from tuner.executor import RayExecutor
+    from tuner.export import best_config, write_best
+    from tuner.progress import ProgressView, summary_table
+    from tuner.search import Budget, Search
+
+    prepare_environment()
+    model = load_model(config.model)
+    space = resolve_space(config, model)
+    executor = RayExecutor(cluster_config(config))
+    tracker = None
+    try:
+        tracker = make_tracker(config)
+        study = open_study(config)
+        todo = config.trials - repair(study, tracker)
+        console.print(
+            f"study {study.study_name!r} on {redact(config.storage)}: {todo} trial(s) to run, "
+            f"{executor.slots} slot(s), {config.seeds} seed(s) x {config.steps} steps", highlight=False,
+        )
+        budget = Budget(config.trials, config.steps, config.seeds, config.report_every, config.threads)
+        with ProgressView(todo, live=config.live, console=console) as view:
+            callbacks = [c for c in (tracker, view) if c is not None]
+            run_id = tracker.run_id if tracker else None
+            search = Search(study, space, config.model, executor, budget, callbacks, run_id)
+            _run_with_flush(search, todo, tracker)
+        console.print(summary_table(search.outcomes, space.searched()))
+        doc = best_config(study, config.storage, config.steps)
+        write_best(config.out, doc)
+        _print_best(doc, config.out)
+        if tracker:
+            tracker.close("FINISHED", _study_summary(study), artifacts=(config.out,))
+        return doc
+    except BaseException:
+        if tracker:
+            tracker.close("FAILED", wait=5.0)
+        raise
+    finally:
+        executor.close()
+
+
+def resolve_space(config: LaunchConfig, model: Model) -> SearchSpace:
+    """The launch's search space: the file given or shipped, else the model's knob ranges."""
+    path = config.space_path
+    if path is None:
+        return default_space(config.model, model.knobs)
+    return load_space(path, config.model, model.knobs)
+
+
+def cluster_config(config: LaunchConfig) -> Any:
+    """The executor's settings; a model file travels to the workers in the runtime env."""
+    from tuner.executor import ClusterConfig
+
+    runtime_env: dict[str, Any] = {}
+    file = model_file(config.model)
+    if file is not None:
+        runtime_env = {"py_modules": [str(file)]}
+    return ClusterConfig(
+        address=config.address, cpus_per_trial=config.cpus_per_trial,
+        gpus_per_trial=config.gpus_per_trial, max_concurrent=config.max_concurrent,
+        max_retries=config.max_retries, num_cpus=config.num_cpus, num_gpus=config.num_gpus,
+        runtime_env=runtime_env,
+    )
+
+
+def make_tracker(config: LaunchConfig) -> Any:
+    """The MLflow tracker (None with --no-tracking); a clear error if the store is unreachable."""
+    if config.no_tracking or config.tracking_uri is None:
+        return None
+    from tuner.tracking import Tracker
+
+    params = {k: v for k, v in config.model_dump().items() if k not in ("storage", "tracking_uri")}
+    params["storage"] = redact(config.storage)
+    return Tracker(config.tracking_uri, config.study_name, params)
+
+
+def open_study(config: LaunchConfig) -> Any:
+    """Create the study, or load it to continue (same name and storage)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler: optuna.samplers.BaseSampler = (
+        optuna.samplers.RandomSampler(seed=config.seed)
+        if config.sampler == "random"
+        else optuna.samplers.TPESampler(seed=config.seed, multivariate=True, constant_liar=True)
+    )
+    try:
+        return optuna.create_study(
+            study_name=config.study_name, storage=config.storage, sampler=sampler,
+            direction="minimize", load_if_exists=True,
+        )
+    except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as exc:
+        raise ConfigError(
+            f"--storage {redact(config.storage)}: cannot open the Optuna storage: {str(exc).splitlines()[0]}"
+        ) from exc
+
+
+def repair(study: Any, tracker: Any) -> int:
+    """Mark trials a dead driver left RUNNING as FAIL and queue their configs again.
+
+    Returns:
+        How many trials count as finished: COMPLETE, PRUNED or FAIL, less the interrupted ones
+        (each is queued again, and its rerun counts instead).
+    """
+    import optuna
+
+    states = optuna.trial.TrialState
+    for trial in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
+        study.tell(trial.number, state=states.FAIL, skip_if_finished=True)
+        study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number}, skip_if_exists=False)
+        console.print(f"trial {trial.number} was left running by a stopped launch: marked FAIL, queued again")
+    if tracker is not None:
+        tracker.close_orphans(study)
+    trials = study.get_trials(deepcopy=False)
+    interrupted = {t.user_attrs["rerun_of"] for t in trials if "rerun_of" in t.user_attrs}
+    return sum(t.state.is_finished() for t in trials) - len(interrupted)
+
+
+def _run_with_flush(search: Any, todo: int, tracker: Any) -> None:
+    """Run the search; the tracker is flushed by its own callback, and once more at the end."""
+    if todo > 0:
+        search.run(todo)
+    if tracker:
+        tracker.flush()
+
+
+def _study_summary(study: Any) -> dict[str, float]:
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+    finished = [t for t in trials if t.state.is_finished()]
+    pruned = sum(t.state == optuna.trial.TrialState.PRUNED for t in finished)
+    return {
+        "trials_finished": float(len(finished)),
+        "diverged_fraction": pruned / len(finished) if finished else math.nan,
+        "finished_at": time.time(),
+    }
+
+
+def _print_best(doc: dict[str, Any], out: str) -> None:
+    verdict = "diverged on every trial" if doc["stability"]["diverged"] else "survived every seed"
+    console.print(f"best config ({verdict}) written to {Path(out).resolve()}:", highlight=False)
+    console.print(doc["config"], highlight=False)

@@ -1,0 +1,170 @@
+"""The model contract: what a TF1 model gives tuner, and what tuner does with it.
+
+A model is any object with three members (see :class:`Model`):
+
+``knobs``
+    The model's own hyperparameters, each a :class:`Knob` with its type, its valid range and a
+    default. ``max_iter``, a BatchNorm order or an input scaling are knobs like any other.
+``build(knobs)``
+    Called inside a fresh ``tf.Graph`` (graph mode, ``tf.compat.v1``) with one value per knob.
+    It creates placeholders and variables with raw ops and returns a :class:`ModelGraph`: the
+    placeholders in the order the data arrays come, the scalar training loss and, optionally, a
+    validation loss and named tensors to watch. It must not create an optimizer, an L2 term,
+    gradient clipping or numeric checks: tuner adds those, the same way for every model.
+``data(knobs)``
+    Returns a :class:`Dataset`: training and validation arrays (numpy), one per placeholder, and
+    a batch size. The trial seed picks the batch order; the arrays themselves do not depend on it.
+
+What tuner adds on top of ``build`` (``tuner.train``): Adam at the trial's learning rate (with an
+optional exponential decay), an L2 term ``l2_weight * sum(l2_loss(w))`` over every trainable
+variable of rank >= 2 (kernels, not biases or BatchNorm scales), global-norm gradient clipping,
+and a check of the loss, the unclipped global gradient norm and the updated weights on every step.
+
+A model's module must not import TensorFlow at import time (import it inside ``build``): the
+driver loads models to read their knobs and must stay free of TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+KnobKind = Literal["float", "int", "categorical", "bool"]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One hyperparameter: its type, its valid range and its default.
+
+    Args:
+        kind: ``float``, ``int``, ``categorical`` or ``bool``.
+        default: the value used when a search space leaves the knob out.
+        low: smallest valid value (``float``/``int``), inclusive.
+        high: largest valid value (``float``/``int``), inclusive.
+        choices: the valid values of a ``categorical`` knob.
+        nullable: ``None`` is a valid value (for example "no clipping").
+        help: one line shown by ``check-model`` and in errors.
+    """
+
+    kind: KnobKind
+    default: Any
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] = ()
+    nullable: bool = False
+    help: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind in ("float", "int") and (self.low is None or self.high is None):
+            raise ValueError(f"a {self.kind} knob needs low and high")
+        if self.kind == "categorical" and not self.choices:
+            raise ValueError("a categorical knob needs choices")
+        if self.low is not None and self.high is not None and self.low > self.high:
+            raise ValueError(f"knob range low={self.low} is above high={self.high}")
+        problem = self.problem(self.default)
+        if problem:
+            raise ValueError(f"knob default {self.default!r}: {problem}")
+
+    def problem(self, value: Any) -> str | None:
+        """Say what is wrong with ``value`` for this knob, or return None if it is valid."""
+        if value is None:
+            return None if self.nullable else "null is not allowed"
+        if self.kind == "bool":
+            return None if isinstance(value, bool) else "expected true or false"
+        if self.kind == "categorical":
+            return None if value in self.choices else f"expected one of {list(self.choices)}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"expected a{'n' if self.kind == 'int' else ''} {self.kind}"
+        if self.kind == "int" and not float(value).is_integer():
+            return "expected an int"
+        if not math.isfinite(value):
+            return "expected a finite number"
+        assert self.low is not None and self.high is not None  # checked in __post_init__
+        if not self.low <= value <= self.high:
+            return f"outside the valid range [{self.low}, {self.high}]"
+        return None
+
+    def describe(self) -> str:
+        """A short human description of the valid values."""
+        if self.kind in ("float", "int"):
+            text = f"{self.kind} in [{self.low}, {self.high}]"
+        elif self.kind == "categorical":
+            text = f"one of {list(self.choices)}"
+        else:
+            text = "true or false"
+        return text + (" or null" if self.nullable else "")
+
+
+@dataclass(frozen=True)
+class ModelGraph:
+    """What ``Model.build`` returns.
+
+    Attributes:
+        inputs: placeholders, fed with the dataset's arrays in the same order.
+        loss: scalar training loss (before tuner's L2 term).
+        val_loss: scalar validation loss; None means ``loss`` evaluated on the validation arrays.
+        watch: named tensors whose largest absolute value is reported as telemetry.
+    """
+
+    inputs: Sequence[Any]
+    loss: Any
+    val_loss: Any | None = None
+    watch: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Training and validation arrays, one per placeholder, and the batch size.
+
+    ``label_range`` (inclusive) lets the preflight flag labels that cannot be right (a negative
+    count); ``input_range`` flags inputs outside what the model expects (unscaled pixels).
+    """
+
+    train: tuple[np.ndarray, ...]
+    val: tuple[np.ndarray, ...]
+    batch_size: int
+    label_range: tuple[float, float] | None = None
+    input_range: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        sizes = {len(a) for a in self.train}
+        if len(sizes) != 1 or not self.val or len({len(a) for a in self.val}) != 1:
+            raise ValueError("every train array (and every val array) needs the same length")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+
+    @property
+    def size(self) -> int:
+        """Number of training samples."""
+        return len(self.train[0])
+
+    def batch(self, step: int, seed: int) -> tuple[np.ndarray, ...]:
+        """The training batch of ``step`` (1-based) for ``seed``: a reshuffle every epoch."""
+        index = self.batch_indices(step, seed)
+        return tuple(a[index] for a in self.train)
+
+    def batch_indices(self, step: int, seed: int) -> np.ndarray:
+        """Sample indices of the batch of ``step`` for ``seed``."""
+        per_epoch = max(1, self.size // self.batch_size)
+        epoch, pos = divmod(step - 1, per_epoch)
+        order = np.random.default_rng([seed, epoch]).permutation(self.size)
+        return order[pos * self.batch_size : (pos + 1) * self.batch_size]
+
+
+@runtime_checkable
+class Model(Protocol):
+    """The contract every model fulfils, built-in or a user's (see the module docs)."""
+
+    knobs: Mapping[str, Knob]
+
+    def build(self, knobs: Mapping[str, Any]) -> ModelGraph:
+        """Create the forward pass and loss in the current default graph."""
+        ...
+
+    def data(self, knobs: Mapping[str, Any]) -> Dataset:
+        """Return the training and validation data (independent of the trial seed)."""
+        ...

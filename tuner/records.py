@@ -1,0 +1,132 @@
+"""Typed data that crosses between the driver and the workers.
+
+A :class:`RunSpec` goes from the driver to a worker: one trial config on one seed. The worker
+streams :class:`RunRecord` s back: a progress record every ``report_every`` steps and one final
+record. The driver folds the final records of a trial's seeds into a :class:`TrialOutcome`.
+Everything here is plain data (picklable, no TensorFlow, no Ray).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class RunStatus(enum.StrEnum):
+    """How one seed run ended (or that it is still going)."""
+
+    RUNNING = "running"
+    SURVIVED = "survived"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class DivergedOn(enum.StrEnum):
+    """What went non-finite first at the divergence step."""
+
+    LOSS = "loss"
+    GRADIENT = "gradient"
+    WEIGHT = "weight"
+    VALIDATION = "validation"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One point of the search space: tuner's knobs plus the model's own knobs.
+
+    Attributes:
+        learning_rate: Adam's learning rate.
+        clip_norm: global-norm clipping threshold; None means no clipping.
+        l2_weight: weight of the L2 term over kernels (0 means none).
+        lr_decay: learning-rate factor per 1000 steps (1.0 means constant).
+        knobs: the model's knobs, one value each.
+    """
+
+    learning_rate: float
+    clip_norm: float | None = None
+    l2_weight: float = 0.0
+    lr_decay: float = 1.0
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+
+    def flat(self) -> dict[str, Any]:
+        """Tuner knobs then model knobs, in one flat dict (the order of best_config.yaml)."""
+        tuner_part = {k: v for k, v in asdict(self).items() if k != "knobs"}
+        return {**tuner_part, **dict(self.knobs)}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One config on one seed, as sent to a worker."""
+
+    trial: int
+    seed: int
+    model: str
+    config: TrainConfig
+    steps: int
+    report_every: int = 25
+    threads: int = 1
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A progress or final record of one seed run.
+
+    ``step`` is 1-based: step k is the k-th training step. For a diverged run, ``step`` is the
+    divergence step (the first step with a non-finite value) and ``steps_survived`` is
+    ``step - 1``.
+    """
+
+    trial: int
+    seed: int
+    step: int
+    status: RunStatus
+    loss: float | None = None
+    grad_norm: float | None = None
+    final: bool = False
+    steps_survived: int = 0
+    last_finite_loss: float | None = None
+    val_loss: float | None = None
+    diverged_on: DivergedOn | None = None
+    error: str | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def divergence_step(self) -> int | None:
+        """The first non-finite step, for a diverged run."""
+        return self.step if self.status is RunStatus.DIVERGED else None
+
+
+class TrialState(enum.StrEnum):
+    """The Optuna state a trial ends in, and the MLflow ``status`` tag that matches it."""
+
+    COMPLETE = "survived"
+    PRUNED = "diverged"
+    FAIL = "failed"
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """What became of one trial: its config, its state and each seed's final record."""
+
+    number: int
+    config: TrainConfig
+    state: TrialState
+    seeds: tuple[RunRecord, ...]
+    value: float | None = None
+    reason: str = ""
+
+    @property
+    def steps_survived(self) -> tuple[int, ...]:
+        """Steps survived per seed, in seed order."""
+        return tuple(r.steps_survived for r in self.seeds)
+
+    @property
+    def divergence(self) -> RunRecord | None:
+        """The seed run that diverged first (lowest step), if any."""
+        diverged = [r for r in self.seeds if r.status is RunStatus.DIVERGED]
+        return min(diverged, key=lambda r: r.step) if diverged else None

@@ -1,0 +1,221 @@
+"""MLflow tracking from the driver: a parent run per launch, a child run per trial, in batches.
+
+Every write goes through an ordered queue of operations that :meth:`Tracker.flush` sends (the
+search loop flushes about once a second, and at each trial's end). When the tracking server does
+not answer, the operations stay queued, a warning is printed once, and the next flush retries:
+training never waits for MLflow and nothing is lost. Metrics go in ``log_batch`` calls of up to
+1000, never one call per metric.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tuner.errors import TrackingError
+from tuner.records import RunRecord, TrainConfig, TrialOutcome, TrialState
+
+log = logging.getLogger(__name__)
+
+_RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "FINISHED", TrialState.FAIL: "FAILED"}
+_BATCH = 1000
+
+
+class Tracker:
+    """Logs a launch to MLflow (see the module docs); a Callback of ``tuner.search``."""
+
+    def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, Any]) -> None:
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.tracking import MlflowClient
+
+        self._Metric, self._Param, self._Tag = Metric, Param, RunTag
+        self.uri = uri
+        self.client = MlflowClient(tracking_uri=uri)
+        try:
+            found = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            tags = {"tuner.role": "study", "study": experiment}
+            parent = self.client.create_run(self.experiment_id, tags=tags, run_name=f"{experiment}-launch")
+            self.parent_id = parent.info.run_id
+            self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in launch_params.items()])
+        except Exception as exc:  # any failure here means the store is unusable
+            raise TrackingError(
+                f"cannot reach the MLflow tracking store at {_redact(uri)}: {_first_line(exc)}. "
+                "Start it (mlflow server --host 127.0.0.1 --port 5000), fix --tracking-uri / "
+                "MLFLOW_TRACKING_URI, or pass --no-tracking to run without MLflow"
+            ) from exc
+        self._runs: dict[int, str] = {}  # trial number -> child run id
+        self._ops: deque[Callable[[], None]] = deque()
+        self._metrics: dict[int, list[Any]] = {}  # trial number -> metrics not yet queued
+        self._warned = False
+        self._last_flush = time.monotonic()
+
+    def run_id(self, number: int) -> str | None:
+        """The child run id of a trial, once MLflow has created it."""
+        return self._runs.get(number)
+
+    def on_trial_start(self, number: int, config: TrainConfig) -> None:
+        """Queue the child run's creation with its params."""
+        params = {**config.flat(), "trial": number}
+        self._ops.append(lambda: self._create_child(number, params))
+
+    def on_trial_result(self, record: RunRecord) -> None:
+        """Buffer the record's metrics (per seed) at its step."""
+        now = int(time.time() * 1000)
+        values: dict[str, float | None] = {"loss": record.loss, "grad_norm": record.grad_norm}
+        if not record.final:
+            values.update(record.metrics)
+        batch = self._metrics.setdefault(record.trial, [])
+        for key, value in values.items():
+            if value is not None and value == value and abs(value) != float("inf"):
+                batch.append(self._Metric(f"seed{record.seed}/{key}", float(value), now, record.step))
+        if time.monotonic() - self._last_flush > 1.0:
+            self.flush()
+
+    def on_trial_complete(self, outcome: TrialOutcome) -> None:
+        """Queue the trial's summary, tags and end status, then flush."""
+        self._queue_metrics()
+        number = outcome.number
+        tags, metrics = outcome_tags(outcome), outcome_metrics(outcome)
+        now = int(time.time() * 1000)
+        status = _RUN_STATUS[outcome.state]
+
+        def finish() -> None:
+            run = self._runs[number]
+            self.client.log_batch(
+                run, metrics=[self._Metric(k, v, now, 0) for k, v in metrics.items()],
+                tags=[self._Tag(k, v) for k, v in tags.items()],
+            )
+            self.client.set_terminated(run, status)
+
+        self._ops.append(finish)
+        self.flush()
+
+    def flush(self) -> bool:
+        """Send every queued operation in order; on failure keep the rest and warn once."""
+        self._last_flush = time.monotonic()
+        self._queue_metrics()
+        while self._ops:
+            try:
+                self._ops[0]()
+            except Exception as exc:  # the server went away: keep the op, retry on the next flush
+                if not self._warned:
+                    log.warning("MLflow at %s is not answering (%s); buffering and retrying",
+                                _redact(self.uri), _first_line(exc))
+                    self._warned = True
+                return False
+            self._ops.popleft()
+        if self._warned:
+            log.warning("MLflow at %s answers again; the buffered records are logged", _redact(self.uri))
+            self._warned = False
+        return True
+
+    def close(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None,
+              artifacts: tuple[str, ...] = (), wait: float = 30.0) -> None:
+        """Flush (retrying for up to ``wait`` seconds), log the summary and end the parent run."""
+        summary = dict(summary or {})
+
+        def end() -> None:
+            now = int(time.time() * 1000)
+            self.client.log_batch(self.parent_id, metrics=[self._Metric(k, v, now, 0) for k, v in summary.items()])
+            for path in artifacts:
+                self.client.log_artifact(self.parent_id, path)
+            self.client.set_terminated(self.parent_id, status)
+
+        self._ops.append(end)
+        deadline = time.monotonic() + wait
+        while not self.flush() and time.monotonic() < deadline:
+            time.sleep(1.0)
+        if self._ops:
+            log.warning("MLflow did not come back: %d queued operations were not logged", len(self._ops))
+
+    def close_orphans(self, study: Any) -> int:
+        """Close the runs a dead driver left RUNNING, each with the status of its Optuna trial.
+
+        Returns:
+            How many runs were closed.
+        """
+        import optuna
+
+        states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=5000
+        )
+        closed = 0
+        for run in runs:
+            if run.info.run_id == self.parent_id:
+                continue
+            number = run.data.tags.get("trial")
+            state = states.get(int(number)) if number is not None else None
+            if state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+                tag = "survived" if state == optuna.trial.TrialState.COMPLETE else "diverged"
+                self.client.set_tag(run.info.run_id, "status", tag)
+                self.client.set_terminated(run.info.run_id, "FINISHED")
+            else:
+                if number is not None:
+                    self.client.set_tag(run.info.run_id, "status", "failed")
+                    self.client.set_tag(run.info.run_id, "reason", "the launch driving it stopped")
+                self.client.set_terminated(run.info.run_id, "KILLED")
+            closed += 1
+        return closed
+
+    def _create_child(self, number: int, params: Mapping[str, Any]) -> None:
+        if number in self._runs:
+            return
+        tags = {"mlflow.parentRunId": self.parent_id, "trial": str(number), "status": "running"}
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}")
+        self._runs[number] = run.info.run_id
+        self.client.log_batch(run.info.run_id, params=[self._Param(k, str(v)) for k, v in params.items()])
+
+    def _queue_metrics(self) -> None:
+        for number, metrics in self._metrics.items():
+            for start in range(0, len(metrics), _BATCH):
+                chunk = metrics[start : start + _BATCH]
+                self._ops.append(lambda n=number, c=chunk: self.client.log_batch(self._runs[n], metrics=c))
+        self._metrics = {}
+
+
+def outcome_tags(outcome: TrialOutcome) -> dict[str, str]:
+    """The tags of a finished trial's run: status, divergence step and cause, reason."""
+    first = outcome.divergence
+    tags = {"status": outcome.state.value, "steps_survived": ",".join(map(str, outcome.steps_survived))}
+    if first is not None:
+        tags["divergence_step"] = str(first.step)
+        tags["diverged_on"] = first.diverged_on.value if first.diverged_on else "unknown"
+        tags["diverged_seed"] = str(first.seed)
+    if outcome.reason:
+        tags["reason"] = outcome.reason[:5000]
+    nodes = sorted({str(r.info["node_id"]) for r in outcome.seeds if r.info.get("node_id")})
+    if nodes:
+        tags["node_ids"] = ",".join(nodes)
+    return tags
+
+
+def outcome_metrics(outcome: TrialOutcome) -> dict[str, float]:
+    """Per-seed summary metrics of a finished trial (steps survived, validation loss, ...)."""
+    metrics: dict[str, float] = {"min_steps_survived": float(min(outcome.steps_survived, default=0))}
+    if outcome.value is not None:
+        metrics["val_loss"] = outcome.value
+    for r in outcome.seeds:
+        metrics[f"seed{r.seed}/steps_survived"] = float(r.steps_survived)
+        if r.val_loss is not None:
+            metrics[f"seed{r.seed}/val_loss"] = r.val_loss
+        metrics.update({f"seed{r.seed}/{k}": v for k, v in r.metrics.items()})
+    return metrics
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _redact(uri: str) -> str:
+    from tuner.config import redact
+
+    return redact(uri)

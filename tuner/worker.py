@@ -1,0 +1,73 @@
+"""The body of a worker actor: TensorFlow imported once, many seed runs, records streamed back.
+
+``tuner.executor`` turns :class:`TrialWorker` into a Ray actor, one per slot. Its ``run`` method is
+a Ray streaming generator: the driver sees each record as soon as it is yielded, and
+``ray.cancel`` on the generator sets the flag that ``run`` checks at every report.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+from tuner.records import RunRecord, RunSpec, RunStatus
+
+
+class TrialWorker:
+    """Runs seed runs one after another in a long-lived process."""
+
+    def __init__(self) -> None:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import tuner.train  # noqa: F401  (the TensorFlow import, paid once per actor)
+
+        self._models: dict[str, Any] = {}
+        self._data: dict[tuple[str, str], Any] = {}
+
+    def ready(self) -> dict[str, Any]:
+        """Where this worker runs: node id, GPU ids and pid (answers once TF is imported)."""
+        return self._where()
+
+    def run(self, spec: RunSpec) -> Iterator[RunRecord]:
+        """Train ``spec``; yield its progress records and its final record."""
+        import ray
+
+        from tuner.train import train_run
+
+        context = ray.get_runtime_context()
+        try:
+            model = self._model(spec.model)
+            data = self._dataset(spec, model)
+            yield from train_run(model, data, spec, context.is_canceled, self._where())
+        except Exception as exc:  # a bug in the model or a bad config: FAIL, not retried
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            yield RunRecord(
+                spec.trial, spec.seed, 0, RunStatus.FAILED, final=True, error=detail,
+                info={**self._where(), "traceback": traceback.format_exc(limit=8)},
+            )
+
+    def _model(self, spec: str) -> Any:
+        from tuner.models import load_model
+
+        if spec not in self._models:
+            self._models[spec] = load_model(spec)
+        return self._models[spec]
+
+    def _dataset(self, spec: RunSpec, model: Any) -> Any:
+        key = (spec.model, repr(sorted(spec.config.knobs.items())))
+        if key not in self._data:
+            self._data = {key: model.data(spec.config.knobs)}  # keep one: data can be large
+        return self._data[key]
+
+    @staticmethod
+    def _where() -> dict[str, Any]:
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            "node_id": context.get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "pid": os.getpid(),
+        }
