@@ -6,9 +6,18 @@ is the count. Two blocks of ``conv 3x3 stride 2 -> BatchNorm -> ReLU`` (``filter
 possible count (``classify``).
 
 The seed's knobs are here as they were in the user's port: pixels fed raw (``input_scaling:
-raw``, the seed's bug) or divided by 255 in the graph, Glorot or He (variance scaling) kernels,
-and the loss. The data can carry the faults of the seed's pipeline (NaN labels, negative labels,
-corrupt all-NaN images), planted only in the training split.
+raw``, the seed's) or divided by 255 in the graph, Glorot or He (variance scaling) kernels, and
+the loss. ``classify`` takes the log of the softmax the way a naive port does (the seed's user put
+an epsilon on the logits, which changes nothing): once the logits span ~90 a probability
+underflows to 0 and the loss turns Inf or NaN. Label smoothing is its guard: it bounds the logit
+gaps the loss pushes towards. BatchNorm right after each conv makes the network's output
+independent of the input's scale, so ``input_scaling`` does not move the divergence boundary.
+
+The validation loss is the squared error of the predicted count whatever the loss (the argmax
+count for ``classify``), so trials with different losses compare. The data can carry the faults
+of the seed's pipeline (NaN labels, negative labels, corrupt all-NaN images), planted only in the
+training split; ``classify`` one-hot encodes a NaN or negative label as all zeros and so trains
+through them, as ``tf.one_hot`` does.
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ class CountingCNN:
         ),
         "loss": Knob(
             "categorical", "mse", choices=("mse", "huber", "classify"),
-            help="regress the count (mse, huber) or classify it (softmax cross-entropy)",
+            help="regress the count (mse, huber) or classify it (naive softmax cross-entropy)",
         ),
         "label_smoothing": Knob(
             "float", 0.0, 0.0, 0.3, help="label smoothing of the classify loss (else unused)"
@@ -175,10 +184,10 @@ def _regression_loss(pred: Any, counts: Any, kind: str) -> Any:
 
 
 def _cross_entropy(logits: Any, counts: Any, classes: int, smoothing: float) -> Any:
-    """Softmax cross-entropy over the possible counts, with label smoothing."""
+    """Softmax cross-entropy over the possible counts, label-smoothed, as the naive port has it."""
     import tensorflow as tf
 
     onehot = tf.one_hot(tf.cast(counts, tf.int32), classes)
     target = onehot * (1.0 - smoothing) + smoothing / classes
-    log_probs = tf.math.log(tf.nn.softmax(logits))
+    log_probs = tf.math.log(tf.nn.softmax(logits))  # the seed's hazard: log(0) once p underflows
     return tf.reduce_mean(-tf.reduce_sum(target * log_probs, axis=1), name="cross_entropy")

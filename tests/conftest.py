@@ -1,0 +1,53 @@
+"""Shared fixtures: one real Ray cluster per test session, temporary stores, the fixture models."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PLANTED = f"{FIXTURES / 'planted.py'}:Planted"
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A real local Ray cluster (2 CPUs, 4 logical GPUs), started once per session."""
+    from tuner.config import prepare_environment
+
+    prepare_environment()
+    from tuner.executor import _ensure_token
+
+    _ensure_token()
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> dict[str, str]:
+    """Fresh Optuna and MLflow SQLite stores in a temp folder."""
+    return {
+        "storage": f"sqlite:///{tmp_path / 'optuna.db'}",
+        "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "dir": str(tmp_path),
+    }
+
+
+def run_tuner(args: list[str], cwd: Path, timeout: float = 600) -> "subprocess.CompletedProcess[str]":
+    """Run ``python -m tuner ARGS`` in a subprocess, as a user would."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], cwd=cwd, env=env, capture_output=True,
+        text=True, timeout=timeout,
+    )

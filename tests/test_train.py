@@ -1,0 +1,97 @@
+"""The training loop: exact divergence step and cause, progress cadence, what tuner adds to a graph."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+
+from planted import Planted  # noqa: E402
+
+from tuner.records import DivergedOn, RunSpec, RunStatus, TrainConfig  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+
+def run(knobs: dict, steps: int = 60, report_every: int = 10, **config: float) -> list:
+    from tuner.train import train_run
+
+    model = Planted()
+    knobs = {k: v.default for k, v in model.knobs.items()} | knobs
+    cfg = TrainConfig(learning_rate=config.pop("learning_rate", 1e-2), knobs=knobs, **config)
+    return list(train_run(model, model.data(knobs), RunSpec(0, 0, "planted", cfg, steps, report_every)))
+
+
+@pytest.mark.parametrize(("fault", "cause"), [("loss", DivergedOn.LOSS), ("gradient", DivergedOn.GRADIENT)])
+def test_train_run_stops_at_exact_step_of_planted_fault(fault: str, cause: DivergedOn) -> None:
+    records = run({"fault": fault, "bad_step": 37})
+    final = records[-1]
+    assert final.final and final.status is RunStatus.DIVERGED
+    assert (final.step, final.steps_survived, final.diverged_on) == (37, 36, cause)
+    assert math.isfinite(final.last_finite_loss)
+    assert [r.step for r in records[:-1]] == [10, 20, 30]
+
+
+def test_train_run_gradient_fault_has_finite_loss_but_is_caught() -> None:
+    """The facts: a gradient can overflow while the loss is still finite; a loss-only check misses it."""
+    records = run({"fault": "gradient", "bad_step": 5}, report_every=1)
+    assert records[-1].diverged_on is DivergedOn.GRADIENT
+    assert records[-1].step == 5
+
+
+def test_train_run_updated_weight_overflow_is_caught() -> None:
+    records = run({"fault": "weight"}, learning_rate=3e38)  # Adam steps ~lr: w overflows on step 2
+    final = records[-1]
+    assert (final.status, final.diverged_on, final.step) == (RunStatus.DIVERGED, DivergedOn.WEIGHT, 2)
+
+
+def test_train_run_survivor_reports_val_loss_and_summary() -> None:
+    records = run({}, steps=30, report_every=10)
+    final = records[-1]
+    assert final.status is RunStatus.SURVIVED and final.steps_survived == 30
+    assert final.val_loss is not None and math.isfinite(final.val_loss)
+    assert {"grad_norm_p50", "grad_norm_p90", "grad_norm_p99", "grad_norm_max"} <= set(final.metrics)
+    assert final.info["train_seconds"] > 0
+
+
+def test_train_run_clipping_counts_clipped_steps() -> None:
+    clipped = run({}, steps=20, clip_norm=1e-6)[-1]
+    unclipped = run({}, steps=20, clip_norm=1e6)[-1]
+    assert clipped.metrics["clip_fraction"] == 1.0
+    assert unclipped.metrics["clip_fraction"] == 0.0
+
+
+def test_train_run_should_stop_cancels_at_next_report() -> None:
+    from tuner.train import train_run
+
+    model = Planted()
+    knobs = {k: v.default for k, v in model.knobs.items()}
+    spec = RunSpec(0, 0, "planted", TrainConfig(1e-2, knobs=knobs), 10_000, 10)
+    records = list(train_run(model, model.data(knobs), spec, should_stop=lambda: True))
+    assert records[-1].status is RunStatus.CANCELLED and records[-1].steps_survived == 10
+
+
+def test_build_adds_l2_over_kernels_only() -> None:
+    import tensorflow as tf
+
+    from tuner.train import build
+
+    model = Planted()
+    knobs = {k: v.default for k, v in model.knobs.items()} | {"width": 3}
+    base = build(model, TrainConfig(1e-2, knobs=knobs), 0)
+    with_l2 = build(model, TrainConfig(1e-2, l2_weight=0.5, knobs=knobs), 0)
+    data = model.data(knobs)
+    values = []
+    for built in (base, with_l2):
+        with tf.compat.v1.Session(graph=built.graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            feed = dict(zip(built.model.inputs, data.batch(1, 0), strict=True))
+            _, _, gnorm = sess.run(built.train_fetches, feed)
+            values.append(gnorm)
+    # each of the 12 kernel entries has data gradient -0.4; the L2 term adds 0.5 * w = 0.05
+    assert values[0] == pytest.approx(0.4 * 12**0.5, rel=1e-5)
+    assert values[1] == pytest.approx(0.35 * 12**0.5, rel=1e-5)
