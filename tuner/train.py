@@ -22,6 +22,7 @@ from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrainConfig
 tf1 = tf.compat.v1
 
 DECAY_STEPS = 1000  # lr_decay is the learning-rate factor per this many steps
+NO_GATE = tf1.train.Optimizer.GATE_NONE  # gating adds ~300 group ops per graph and ~0.5 s of build
 
 
 @dataclass
@@ -45,7 +46,7 @@ def build(model: Model, config: TrainConfig, seed: int) -> Built:
         total = mg.loss + _l2_term(variables, config.l2_weight)
         step = tf1.train.get_or_create_global_step()
         optimizer = tf1.train.AdamOptimizer(_learning_rate(config, step))
-        pairs = [(g, v) for g, v in optimizer.compute_gradients(total, variables) if g is not None]
+        pairs = [(g, v) for g, v in optimizer.compute_gradients(total, variables, gate_gradients=NO_GATE) if g is not None]
         grads = [g for g, _ in pairs]
         grad_norm = tf.linalg.global_norm(grads)
         if config.clip_norm is not None:
@@ -86,6 +87,9 @@ def session_config(threads: int, gpu: bool) -> Any:
         allow_soft_placement=True,
     )
     proto.gpu_options.allow_growth = gpu
+    # Grappler's graph rewrites cost ~0.8 s on the first step of every run and do not pay that
+    # back over a few hundred ~3 ms steps (bench/step_cost.py); runs here are short.
+    proto.graph_options.rewrite_options.disable_meta_optimizer = True
     return proto
 
 

@@ -5,7 +5,8 @@ log-populations at a fixed horizon. The MLP is a learned growth-rate field appli
 times (``dt = horizon / max_iter``): more iterations make each step easier to learn and the answer
 more accurate, and make the unrolled graph deeper. The target never depends on ``max_iter``.
 
-Each iteration: ``x -> 3 x (dense, ReLU, BatchNorm; order is a knob) -> linear -> rates``, then
+Each iteration: ``x -> 3 x (dense, ReLU, BatchNorm; order is a knob) -> linear -> rates`` (the
+same weights in every iteration, as the seed's ``A1, b1, ...``), then
 ``recompute_input`` turns the rates into the next input the way a naive port does it: an explicit
 Euler step on the populations ``n = exp(x)`` followed by ``x = log(n)``. Its hazards are the
 seed's: ``exp`` overflows, an Euler step past zero makes ``log`` return NaN, a population near
@@ -81,47 +82,55 @@ class IteratedMLP:
 
 
 def _mlp(x: Any, hidden: int, bn_order: str) -> Any:
-    """3 hidden layers (weights shared by every iteration, BatchNorm per iteration), linear out."""
+    """3 hidden layers and a linear output; every iteration shares the same weights."""
     import tensorflow as tf
 
     h = x
     for layer in range(3):
         with tf.compat.v1.variable_scope(f"layer{layer}"):
-            h = _dense(h, hidden, f"dense{layer}")
+            h = _dense(h, hidden, f"layer{layer}")
             if bn_order == "bn_relu":
-                h = tf.nn.relu(_batch_norm(h))
+                h = tf.nn.relu(_batch_norm(h, f"layer{layer}"))
             elif bn_order == "relu_bn":
-                h = _batch_norm(tf.nn.relu(h))
+                h = _batch_norm(tf.nn.relu(h), f"layer{layer}")
             else:
                 h = tf.nn.relu(h)
     with tf.compat.v1.variable_scope("out"):
-        return _dense(h, 4, "dense_out", scale=0.1)
+        return _dense(h, 4, "out", scale=0.1)
 
 
-def _dense(x: Any, units: int, shared_name: str, scale: float = 1.0) -> Any:
-    """A dense layer whose variables live outside the iteration scope, so iterations share them."""
+def _shared(name: str) -> Any:
+    """A variable scope outside the iteration's scope, so every iteration reuses its variables."""
     import tensorflow as tf
 
     tf1 = tf.compat.v1
-    with tf1.variable_scope(tf1.VariableScope(tf1.AUTO_REUSE, name=shared_name), auxiliary_name_scope=False):
-        fan_in = int(x.shape[-1])
-        kernel = tf1.get_variable(
-            "kernel", [fan_in, units],
-            initializer=tf1.glorot_uniform_initializer() if scale == 1.0
-            else tf1.random_normal_initializer(stddev=scale / fan_in**0.5),
-        )
+    return tf1.variable_scope(tf1.VariableScope(tf1.AUTO_REUSE, name=name), auxiliary_name_scope=False)
+
+
+def _dense(x: Any, units: int, name: str, scale: float = 1.0) -> Any:
+    """A dense layer (Glorot init, or a small normal init for the output layer)."""
+    import tensorflow as tf
+
+    tf1 = tf.compat.v1
+    fan_in = int(x.shape[-1])
+    init = tf1.glorot_uniform_initializer() if scale == 1.0 else tf1.random_normal_initializer(
+        stddev=scale / fan_in**0.5
+    )
+    with _shared(name):
+        kernel = tf1.get_variable("kernel", [fan_in, units], initializer=init)
         bias = tf1.get_variable("bias", [units], initializer=tf1.zeros_initializer())
     return tf.matmul(x, kernel) + bias
 
 
-def _batch_norm(h: Any) -> Any:
+def _batch_norm(h: Any, name: str) -> Any:
     """BatchNorm on batch statistics, as the seed's Keras layer does in training."""
     import tensorflow as tf
 
     tf1 = tf.compat.v1
     units = int(h.shape[-1])
-    gamma = tf1.get_variable("bn_gamma", [units], initializer=tf1.ones_initializer())
-    beta = tf1.get_variable("bn_beta", [units], initializer=tf1.zeros_initializer())
+    with _shared(name):
+        gamma = tf1.get_variable("bn_gamma", [units], initializer=tf1.ones_initializer())
+        beta = tf1.get_variable("bn_beta", [units], initializer=tf1.zeros_initializer())
     mean, var = tf.nn.moments(h, axes=[0])
     return tf.nn.batch_normalization(h, mean, var, beta, gamma, variance_epsilon=1e-3)
 

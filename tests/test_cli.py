@@ -1,0 +1,75 @@
+"""CLI parsing on its own, and bad input stopping a launch before anything is created."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FIXTURES, run_tuner
+from tuner.cli import LAUNCH_FLAGS, launch_flags, main, parser
+from tuner.config import LaunchConfig
+
+
+def test_parser_launch_flags_map_to_config_fields() -> None:
+    args = parser().parse_args([
+        "launch", "--model", "counting_cnn", "--trials", "3", "--steps", "50", "--seeds", "3",
+        "--study", "s", "--storage", "sqlite:///a.db", "--tracking-uri", "sqlite:///b.db",
+        "--address", "127.0.0.1:6379", "--cpus-per-trial", "0.5", "--gpus-per-trial", "0.25",
+        "--max-concurrent", "4", "--sampler", "random", "--seed", "7", "--out", "x.yaml",
+    ])
+    flags = launch_flags(args)
+    config = LaunchConfig(**{k: v for k, v in flags.items() if v is not None})
+    assert (config.model, config.trials, config.steps, config.seeds) == ("counting_cnn", 3, 50, 3)
+    assert (config.gpus_per_trial, config.cpus_per_trial, config.max_concurrent) == (0.25, 0.5, 4)
+    assert (config.sampler, config.seed, config.out, config.address) == ("random", 7, "x.yaml", "127.0.0.1:6379")
+
+
+def test_parser_flags_not_given_are_none() -> None:
+    flags = launch_flags(parser().parse_args(["launch"]))
+    assert set(flags) == set(LAUNCH_FLAGS)
+    assert all(v is None for v in flags.values())
+
+
+def test_parser_every_launch_flag_is_a_config_field() -> None:
+    assert set(LAUNCH_FLAGS) <= set(LaunchConfig.model_fields)
+
+
+def test_parser_help_explains_each_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["launch", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--model", "--space", "--trials", "--steps", "--seeds", "--study", "--storage",
+                 "--tracking-uri", "--address", "--cpus-per-trial", "--gpus-per-trial",
+                 "--max-concurrent", "--sampler", "--seed", "--out"):
+        assert flag in out
+
+
+def test_main_unknown_model_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["launch", "--model", "resnet", "--storage", f"sqlite:///{tmp_path / 't.db'}", "--no-tracking"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "unknown model 'resnet': use one of ['counting_cnn', 'iterated_mlp']" in err
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_main_bad_launch_yaml_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "launch.yaml"
+    bad.write_text("trials: many\n")
+    assert main(["launch", "--config", str(bad)]) == 2
+    assert "launch.yaml: trials: Input should be a valid integer" in capsys.readouterr().err
+
+
+def test_launch_broken_space_exits_with_one_message_and_no_study(tmp_path: Path) -> None:
+    """Through a real subprocess, as a user runs it."""
+    result = run_tuner(
+        ["launch", "--space", str(FIXTURES / "spaces" / "low_above_high.yaml"),
+         "--storage", f"sqlite:///{tmp_path / 't.db'}", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"],
+        cwd=tmp_path, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert "low_above_high.yaml: params.learning_rate: low (0.1) must be below high (0.01)" in lines[0]
+    assert not (tmp_path / "t.db").exists() and not (tmp_path / "m.db").exists()

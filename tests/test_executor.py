@@ -1,0 +1,78 @@
+"""The Ray executor on a real local cluster: streaming, cancellation, placement."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import PLANTED
+from tuner.executor import ClusterConfig, RayExecutor
+from tuner.records import RunRecord, RunSpec, RunStatus, TrainConfig
+
+pytestmark = [pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]
+
+KNOBS = {"fault": "none", "bad_step": 0, "batch_size": 8, "width": 1}
+
+
+@pytest.fixture(scope="module")
+def executor(ray_cluster: None) -> Iterator[RayExecutor]:
+    ex = RayExecutor(ClusterConfig(cpus_per_trial=1, max_concurrent=2))
+    yield ex
+    ex.close()
+
+
+def collect(ex: RayExecutor, until_final: int, timeout: float = 120) -> list[RunRecord]:
+    records: list[RunRecord] = []
+    deadline = time.monotonic() + timeout
+    while sum(r.final for r in records) < until_final and time.monotonic() < deadline:
+        records += ex.poll(0.5)
+    return records
+
+
+def spec(trial: int, seed: int = 0, steps: int = 100, **knobs: object) -> RunSpec:
+    return RunSpec(trial, seed, PLANTED, TrainConfig(1e-2, knobs={**KNOBS, **knobs}), steps, 10)
+
+
+def test_executor_streams_progress_then_final_from_a_worker(executor: RayExecutor) -> None:
+    executor.submit(spec(0))
+    records = collect(executor, 1)
+    assert [r.step for r in records if not r.final] == list(range(10, 101, 10))
+    final = records[-1]
+    assert final.final and final.status is RunStatus.SURVIVED
+    assert final.info["node_id"] and final.info["pid"]
+
+
+def test_executor_cancel_stops_a_running_seed_within_a_report(executor: RayExecutor) -> None:
+    executor.submit(spec(1, steps=10_000_000))
+    records: list[RunRecord] = []
+    while not records:
+        records = executor.poll(0.5)
+    executor.cancel(1)
+    records += collect(executor, 1, timeout=30)
+    final = records[-1]
+    assert final.status is RunStatus.CANCELLED
+    assert final.steps_survived < 10_000_000
+
+
+def test_executor_diverged_run_reports_exact_step(executor: RayExecutor) -> None:
+    executor.submit(spec(2, fault="loss", bad_step=42))
+    final = collect(executor, 1)[-1]
+    assert (final.status, final.step, final.steps_survived) == (RunStatus.DIVERGED, 42, 41)
+
+
+def test_executor_model_error_fails_run_with_message(executor: RayExecutor) -> None:
+    executor.submit(RunSpec(3, 0, "no_such_module:Model", TrainConfig(1e-2), 10, 5))
+    final = collect(executor, 1)[-1]
+    assert final.status is RunStatus.FAILED
+    assert "cannot import module 'no_such_module'" in (final.error or "")
+
+
+def test_executor_runs_two_seeds_at_once_on_two_slots(executor: RayExecutor) -> None:
+    assert executor.slots == 2
+    executor.submit(spec(4, seed=0, steps=2000))
+    executor.submit(spec(4, seed=1, steps=2000))
+    records = collect(executor, 2)
+    pids = {r.info["pid"] for r in records if r.final}
+    assert len(pids) == 2  # two different worker processes
