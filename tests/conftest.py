@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,10 +43,8 @@ def stores(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def run_tuner(args: list[str], cwd: Path, timeout: float = 600) -> "subprocess.CompletedProcess[str]":
+def run_tuner(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """Run ``python -m tuner ARGS`` in a subprocess, as a user would."""
-    import subprocess
-
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(
         [sys.executable, "-m", "tuner", *args], cwd=cwd, env=env, capture_output=True,

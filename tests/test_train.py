@@ -10,9 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 
-from planted import Planted  # noqa: E402
+from planted import Planted
 
-from tuner.records import DivergedOn, RunSpec, RunStatus, TrainConfig  # noqa: E402
+from tuner.records import DivergedOn, RunSpec, RunStatus, TrainConfig
 
 pytestmark = pytest.mark.tf
 

@@ -30,7 +30,7 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--model", help="iterated_mlp (default), counting_cnn, pkg.module:Name or file.py:Name")
     p.add_argument("--space", help="search-space YAML (default: search_spaces/<model>.yaml)")
     p.add_argument("--trials", type=int, help="finished trials the study should reach (default 30)")
-    p.add_argument("--steps", type=int, help="training steps per seed run: the budget (default 400)")
+    p.add_argument("--steps", type=int, help="training steps per seed run: the budget (default 600)")
     p.add_argument("--seeds", type=int, help="seeds per trial, run in parallel (default 2)")
     p.add_argument("--report-every", type=int, help="steps between progress records (default 25)")
     p.add_argument("--study", help="study name; the same name and storage continue a study (default: model name)")
@@ -53,11 +53,31 @@ def add_launch(sub: Any) -> None:
                    help="live terminal view (default: when stdout is a terminal)")
 
 
+def add_report(sub: Any) -> None:
+    """The ``report`` command: a finished study's table and plots, from its stores alone."""
+    p = sub.add_parser("report", help="table and plots of a study, without training",
+                       description="Print a study's trials and write its stability plots.")
+    p.add_argument("--study", required=True, help="study name")
+    p.add_argument("--storage", default="sqlite:///tuner.db", help="Optuna storage URL (default sqlite:///tuner.db)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI to attach the plots to (default: none)")
+    p.add_argument("--out-dir", default=".", help="folder for the PNG plots (default: current folder)")
+
+
+def add_check_model(sub: Any) -> None:
+    """The ``check-model`` command: check a model against the contract."""
+    p = sub.add_parser("check-model", help="build a model once, train a few steps, check the contract",
+                       description="Check that a model follows tuner's model contract.")
+    p.add_argument("spec", help="iterated_mlp, counting_cnn, pkg.module:Name or path/file.py:Name")
+    p.add_argument("--steps", type=int, default=5, help="training steps to run (default 5)")
+
+
 def parser() -> argparse.ArgumentParser:
     """The whole command line."""
     root = argparse.ArgumentParser(prog="python -m tuner", description=__doc__.splitlines()[0])
     sub = root.add_subparsers(dest="command", required=True)
     add_launch(sub)
+    add_report(sub)
+    add_check_model(sub)
     return root
 
 
@@ -67,6 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "launch":
             return _launch(args)
+        if args.command == "report":
+            from tuner.report import run_report
+
+            return run_report(args)
+        if args.command == "check-model":
+            from tuner.checkmodel import run_check
+
+            return run_check(args)
     except TunerError as exc:
         print(f"tuner: error: {exc}", file=sys.stderr)
         return 2

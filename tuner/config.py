@@ -28,7 +28,7 @@ class LaunchConfig(BaseModel):
     model: str = "iterated_mlp"
     space: str | None = None
     trials: int = Field(30, ge=1)
-    steps: int = Field(400, ge=1)
+    steps: int = Field(600, ge=1)
     seeds: int = Field(2, ge=1)
     report_every: int = Field(25, ge=1)
     study: str | None = None

@@ -46,7 +46,8 @@ def build(model: Model, config: TrainConfig, seed: int) -> Built:
         total = mg.loss + _l2_term(variables, config.l2_weight)
         step = tf1.train.get_or_create_global_step()
         optimizer = tf1.train.AdamOptimizer(_learning_rate(config, step))
-        pairs = [(g, v) for g, v in optimizer.compute_gradients(total, variables, gate_gradients=NO_GATE) if g is not None]
+        grads_and_vars = optimizer.compute_gradients(total, variables, gate_gradients=NO_GATE)
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         grads = [g for g, _ in pairs]
         grad_norm = tf.linalg.global_norm(grads)
         if config.clip_norm is not None:
