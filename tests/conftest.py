@@ -28,7 +28,7 @@ def ray_cluster() -> Iterator[None]:
     _ensure_token()
     import ray
 
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

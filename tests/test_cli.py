@@ -73,3 +73,36 @@ def test_launch_broken_space_exits_with_one_message_and_no_study(tmp_path: Path)
     assert len(lines) == 1
     assert "low_above_high.yaml: params.learning_rate: low (0.1) must be below high (0.01)" in lines[0]
     assert not (tmp_path / "t.db").exists() and not (tmp_path / "m.db").exists()
+
+
+def _bad_launch(tmp_path: Path, *extra: str) -> str:
+    result = run_tuner(
+        ["launch", "--storage", f"sqlite:///{tmp_path / 't.db'}", "--num-cpus", "2", *extra],
+        cwd=tmp_path, timeout=180,
+    )
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "t.db").exists()  # no study was created
+    return result.stderr
+
+
+def test_launch_unreachable_ray_address_is_a_clear_error(tmp_path: Path) -> None:
+    err = _bad_launch(tmp_path, "--address", "127.0.0.1:1", "--no-tracking")
+    assert "no Ray cluster answers at '127.0.0.1:1'" in err
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_launch_unreachable_tracking_server_is_a_clear_error(tmp_path: Path) -> None:
+    from tests.cluster import free_port
+
+    err = _bad_launch(tmp_path, "--tracking-uri", f"http://127.0.0.1:{free_port()}")
+    assert "cannot reach the MLflow tracking store at http://127.0.0.1:" in err
+    assert "--no-tracking" in err
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_launch_more_gpus_than_the_cluster_is_a_clear_error(tmp_path: Path) -> None:
+    err = _bad_launch(tmp_path, "--gpus-per-trial", "1", "--num-gpus", "0", "--no-tracking")
+    assert "--gpus-per-trial 1 asks for more GPUs than any node has" in err

@@ -203,7 +203,8 @@ def _connect(config: ClusterConfig) -> bool:
     }
     if config.address is None:
         _ensure_token()
-        ray.init(num_cpus=config.num_cpus, num_gpus=config.num_gpus, **common)
+        # "local": always a new cluster, never one that `ray start` left on this machine
+        ray.init(address="local", num_cpus=config.num_cpus, num_gpus=config.num_gpus, **common)
         return True
     _check_reachable(config.address)
     try:
@@ -251,7 +252,7 @@ def _slots(config: ClusterConfig) -> int:
     if gpus > 0 and not any(r.get("GPU", 0) >= gpus for r in nodes):
         have = sum(r.get("GPU", 0) for r in nodes)
         raise ClusterError(
-            f"--gpus-per-trial {gpus} asks for more GPUs than any node has (the cluster has "
+            f"--gpus-per-trial {gpus:g} asks for more GPUs than any node has (the cluster has "
             f"{have:g} GPU(s) in all); lower --gpus-per-trial or add GPU nodes"
         )
     fits = sum(min(_fit(r.get("CPU", 0), cpus), _fit(r.get("GPU", 0), gpus)) for r in nodes)

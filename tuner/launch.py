@@ -18,7 +18,7 @@ from rich.console import Console
 
 from tuner.config import LaunchConfig, prepare_environment, redact
 from tuner.errors import ConfigError
-from tuner.models import Model, load_model, model_file
+from tuner.models import Model, load_model, runtime_env
 from tuner.spaces import SearchSpace, default_space, load_space
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,13 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     prepare_environment()
     model = load_model(config.model)
     space = resolve_space(config, model)
+    skip, skipped = run_preflight(config, model, space)  # before anything is started or created
     executor = RayExecutor(cluster_config(config))
     tracker = None
     try:
         tracker = make_tracker(config)
+        if tracker and skip:
+            tracker.set_launch_tags(_skip_tags(skip, skipped))
         study = open_study(config)
         todo = config.trials - repair(study, tracker)
         console.print(
@@ -50,14 +53,15 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         with ProgressView(todo, live=config.live, console=console) as view:
             callbacks = [c for c in (tracker, view) if c is not None]
             run_id = tracker.run_id if tracker else None
-            search = Search(study, space, config.model, executor, budget, callbacks, run_id)
+            search = Search(study, space, config.model, executor, budget, callbacks, run_id, skip=skip)
             _run_with_flush(search, todo, tracker)
         console.print(summary_table(search.outcomes, space.searched()))
         doc = best_config(study, config.storage, config.steps)
         write_best(config.out, doc)
         _print_best(doc, config.out)
+        plots = write_study_plots(study, config.out)
         if tracker:
-            tracker.close("FINISHED", _study_summary(study), artifacts=(config.out,))
+            tracker.close("FINISHED", _study_summary(study), artifacts=(config.out, *plots))
         return doc
     except BaseException:
         if tracker:
@@ -65,6 +69,40 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         raise
     finally:
         executor.close()
+
+
+def run_preflight(config: LaunchConfig, model: Model, space: SearchSpace) -> tuple[Any, str]:
+    """Check the model's data (tuner.preflight); the samples to skip, and what was said about them.
+
+    Raises:
+        DataError: the data has problems and --allow-bad-data was not given.
+    """
+    from tuner.preflight import data_knobs, preflight
+
+    fixed = {name: p.value for name, p in space.params.items() if p.fixed}
+    skip, text = preflight(model, data_knobs(model.knobs, fixed), config.model, config.allow_bad_data)
+    if text:
+        console.print(text, highlight=False)
+    return skip, text
+
+
+def _skip_tags(skip: Any, text: str) -> dict[str, str]:
+    return {"preflight_skipped_train": str(len(skip.train)), "preflight_skipped_val": str(len(skip.val)),
+            "preflight": text}
+
+
+def write_study_plots(study: Any, out: str) -> list[str]:
+    """The stability map and survival curves beside best_config.yaml (tuner.plots); [] if they fail."""
+    from tuner.plots import write_plots
+    from tuner.report import study_rows
+
+    try:
+        paths = write_plots(study_rows(study), Path(out).resolve().parent, prefix=f"{study.study_name}_")
+    except Exception as exc:  # plots are a convenience: never lose a finished launch to them
+        log.warning("could not write the study plots: %s", exc)
+        return []
+    console.print("plots: " + ", ".join(str(p) for p in paths), highlight=False)
+    return [str(p) for p in paths]
 
 
 def resolve_space(config: LaunchConfig, model: Model) -> SearchSpace:
@@ -79,15 +117,11 @@ def cluster_config(config: LaunchConfig) -> Any:
     """The executor's settings; a model file travels to the workers in the runtime env."""
     from tuner.executor import ClusterConfig
 
-    runtime_env: dict[str, Any] = {}
-    file = model_file(config.model)
-    if file is not None:
-        runtime_env = {"py_modules": [str(file)]}
     return ClusterConfig(
         address=config.address, cpus_per_trial=config.cpus_per_trial,
         gpus_per_trial=config.gpus_per_trial, max_concurrent=config.max_concurrent,
         max_retries=config.max_retries, num_cpus=config.num_cpus, num_gpus=config.num_gpus,
-        runtime_env=runtime_env,
+        runtime_env=runtime_env(config.model),
     )
 
 

@@ -58,8 +58,24 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class Skip:
+    """Sample indices the data preflight flagged, left out of the data of every run.
+
+    Attributes:
+        train: indices into the training arrays.
+        val: indices into the validation arrays.
+    """
+
+    train: tuple[int, ...] = ()
+    val: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.train or self.val)
+
+
+@dataclass(frozen=True)
 class RunSpec:
-    """One config on one seed, as sent to a worker."""
+    """One config on one seed, as sent to a worker; ``skip`` comes from the data preflight."""
 
     trial: int
     seed: int
@@ -69,6 +85,61 @@ class RunSpec:
     report_every: int = 25
     threads: int = 1
     attempt: int = 0
+    skip: Skip = field(default_factory=Skip)
+
+
+class NonFiniteKind(enum.StrEnum):
+    """Where the first non-finite value of a divergence step came from."""
+
+    FORWARD = "forward"  # the forward pass (the loss and what feeds it)
+    BACKWARD = "backward"  # the gradients, their global norm or clipping
+    UPDATE = "update"  # the optimizer's update of a weight
+    DATA = "data"  # the step's batch held a non-finite input or label
+
+
+@dataclass(frozen=True)
+class Forensics:
+    """Where and after what a seed run diverged (see ``tuner.forensics``).
+
+    Attributes:
+        step: the divergence step.
+        kind: where the first non-finite value came from; None if the replay did not find it.
+        op: name of the first op whose output was non-finite while its inputs were finite (for
+            ``DATA``: the input placeholder fed the bad samples).
+        op_type: that op's type (``Log``, ``SqrtGrad``, ``ResourceApplyAdam``, ...).
+        layer: the name scope the op belongs to (``layer2``, ``recompute_input``), if any.
+        iteration: the loop iteration (from an ``iter_<k>`` scope), if any.
+        forward_op: for a gradient op, the forward op it differentiates.
+        samples: for ``DATA``: dataset indices of the batch's non-finite samples.
+        nonfinite_ops: the first few ops with a non-finite output, in graph order.
+        replayed_from: the step whose weights the replay started from.
+        note: what went wrong with the analysis, if anything.
+        report_points: the last report points before the divergence (metric name -> value).
+        last_steps: (step, loss, grad_norm) of the last steps before the divergence.
+    """
+
+    step: int
+    kind: NonFiniteKind | None = None
+    op: str | None = None
+    op_type: str | None = None
+    layer: str | None = None
+    iteration: int | None = None
+    forward_op: str | None = None
+    samples: tuple[int, ...] = ()
+    nonfinite_ops: tuple[str, ...] = ()
+    replayed_from: int | None = None
+    note: str = ""
+    report_points: tuple[Mapping[str, float], ...] = ()
+    last_steps: tuple[tuple[int, float, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (the ``divergence.json`` artifact)."""
+        doc = asdict(self)
+        doc["kind"] = self.kind.value if self.kind else None
+        doc["samples"], doc["nonfinite_ops"] = list(self.samples), list(self.nonfinite_ops)
+        doc["report_points"] = [dict(p) for p in self.report_points]
+        doc["last_steps"] = [list(s) for s in self.last_steps]
+        return doc
 
 
 @dataclass(frozen=True)
@@ -94,6 +165,7 @@ class RunRecord:
     error: str | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     info: Mapping[str, Any] = field(default_factory=dict)
+    forensics: Forensics | None = None
 
     @property
     def divergence_step(self) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import optuna
 
-from tuner.records import RunRecord, RunSpec, RunStatus, TrainConfig, TrialOutcome, TrialState
+from tuner.records import RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
 
 _OPTUNA_STATE = {
@@ -98,8 +98,10 @@ class Search:
         budget: Budget,
         callbacks: Sequence[Callback] = (),
         run_id: Any = None,
+        skip: Skip | None = None,
     ) -> None:
         self.study, self.space, self.model = study, space, model
+        self.skip = skip or Skip()  # samples the data preflight left out of every run
         self.executor, self.budget, self.callbacks = executor, budget, list(callbacks)
         self._run_id = run_id  # trial number -> MLflow run id (or None)
         self._active: dict[int, _Trial] = {}
@@ -126,7 +128,7 @@ class Search:
             self.executor.submit(
                 RunSpec(
                     trial.number, seed, self.model, config, self.budget.steps,
-                    self.budget.report_every, self.budget.threads,
+                    self.budget.report_every, self.budget.threads, skip=self.skip,
                 )
             )
 

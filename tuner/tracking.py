@@ -5,6 +5,12 @@ search loop flushes about once a second, and at each trial's end). When the trac
 not answer, the operations stay queued, a warning is printed once, and the next flush retries:
 training never waits for MLflow and nothing is lost. Metrics go in ``log_batch`` calls of up to
 1000, never one call per metric.
+
+A child run gets, per seed, the telemetry of each report step (``seed0/loss``,
+``seed0/grad_norm``, ``seed0/clip_fraction``, ``seed0/grad_norm/layer0/kernel``,
+``seed0/iter_3/input_absmax``, ...) and the summary at the end; a diverged trial also gets the
+forensics of its first divergence as tags (``first_nonfinite_op``, ``first_nonfinite_kind``,
+``divergence_cause``, ...) and as the ``divergence.json`` artifact.
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tuner.errors import TrackingError
-from tuner.records import RunRecord, TrainConfig, TrialOutcome, TrialState
+from tuner.records import Forensics, NonFiniteKind, RunRecord, TrainConfig, TrialOutcome, TrialState
 
 log = logging.getLogger(__name__)
 
 _RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "FINISHED", TrialState.FAIL: "FAILED"}
 _BATCH = 1000
+DIVERGENCE_FILE = "divergence.json"
 
 
 class Tracker:
@@ -36,8 +43,8 @@ class Tracker:
 
         self._Metric, self._Param, self._Tag = Metric, Param, RunTag
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
         try:
+            self.client = MlflowClient(tracking_uri=uri)
             found = self.client.get_experiment_by_name(experiment)
             self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
             tags = {"tuner.role": "study", "study": experiment}
@@ -86,16 +93,23 @@ class Tracker:
         now = int(time.time() * 1000)
         status = _RUN_STATUS[outcome.state]
 
-        def finish() -> None:
-            run = self._runs[number]
+        def summary() -> None:
             self.client.log_batch(
-                run, metrics=[self._Metric(k, v, now, 0) for k, v in metrics.items()],
+                self._runs[number], metrics=[self._Metric(k, v, now, 0) for k, v in metrics.items()],
                 tags=[self._Tag(k, v) for k, v in tags.items()],
             )
-            self.client.set_terminated(run, status)
 
-        self._ops.append(finish)
+        self._ops.append(summary)
+        doc = divergence_doc(outcome)
+        if doc is not None:
+            self._ops.append(lambda: self.client.log_dict(self._runs[number], doc, DIVERGENCE_FILE))
+        self._ops.append(lambda: self.client.set_terminated(self._runs[number], status))
         self.flush()
+
+    def set_launch_tags(self, tags: Mapping[str, str]) -> None:
+        """Queue tags on the parent run (what the data preflight skipped, say)."""
+        items = [self._Tag(k, str(v)[:5000]) for k, v in tags.items()]
+        self._ops.append(lambda: self.client.log_batch(self.parent_id, tags=items))
 
     def flush(self) -> bool:
         """Send every queued operation in order; on failure keep the rest and warn once."""
@@ -189,12 +203,41 @@ def outcome_tags(outcome: TrialOutcome) -> dict[str, str]:
         tags["divergence_step"] = str(first.step)
         tags["diverged_on"] = first.diverged_on.value if first.diverged_on else "unknown"
         tags["diverged_seed"] = str(first.seed)
+    if first is not None and first.forensics is not None:
+        tags.update(forensics_tags(first.forensics))
     if outcome.reason:
         tags["reason"] = outcome.reason[:5000]
     nodes = sorted({str(r.info["node_id"]) for r in outcome.seeds if r.info.get("node_id")})
     if nodes:
         tags["node_ids"] = ",".join(nodes)
     return tags
+
+
+def forensics_tags(found: Forensics) -> dict[str, str]:
+    """Tags naming the first non-finite op (``first_nonfinite_op``, ``first_nonfinite_kind``, ...)."""
+    tags = {"divergence_cause": "data" if found.kind is NonFiniteKind.DATA else "model"}
+    values = {
+        "first_nonfinite_op": found.op, "first_nonfinite_kind": found.kind.value if found.kind else None,
+        "first_nonfinite_type": found.op_type, "first_nonfinite_layer": found.layer,
+        "first_nonfinite_iteration": found.iteration, "first_nonfinite_forward_op": found.forward_op,
+    }
+    tags.update({k: str(v) for k, v in values.items() if v is not None})
+    if found.samples:
+        tags["bad_samples"] = ",".join(map(str, found.samples[:100]))
+    if found.note:
+        tags["forensics_note"] = found.note[:5000]
+    if found.kind is None:
+        tags["divergence_cause"] = "unknown"
+    return tags
+
+
+def divergence_doc(outcome: TrialOutcome) -> dict[str, Any] | None:
+    """The ``divergence.json`` artifact of a diverged trial: its first divergence's forensics."""
+    first = outcome.divergence
+    if first is None or first.forensics is None:
+        return None
+    cause = first.diverged_on.value if first.diverged_on else None
+    return {"trial": outcome.number, "seed": first.seed, "diverged_on": cause, **first.forensics.to_dict()}
 
 
 def outcome_metrics(outcome: TrialOutcome) -> dict[str, float]:

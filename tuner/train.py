@@ -3,13 +3,18 @@
 Only workers import this module (it imports TensorFlow). Every step runs the train op and fetches
 the loss, the unclipped global gradient norm and a finiteness flag of the updated weights in the
 same ``session.run``, so the first non-finite value is caught at its exact step at no extra cost.
+A report step (every ``report_every``) fetches more in that same run: the gradient norm of each
+weight and the largest |value| of each watched tensor; then it snapshots every variable (one more
+``session.run``), so a divergence can be replayed from there (``tuner.forensics``). Everything
+else the telemetry reports is Python on the numbers already fetched (``tuner.telemetry``).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,12 +22,14 @@ import numpy as np
 import tensorflow as tf
 
 from tuner.models.base import Dataset, Model, ModelGraph
-from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrainConfig
+from tuner.records import DivergedOn, Forensics, RunRecord, RunSpec, RunStatus, TrainConfig
+from tuner.telemetry import Telemetry
 
 tf1 = tf.compat.v1
 
 DECAY_STEPS = 1000  # lr_decay is the learning-rate factor per this many steps
 NO_GATE = tf1.train.Optimizer.GATE_NONE  # gating adds ~300 group ops per graph and ~0.5 s of build
+UPDATED_SCOPE = "updated"  # reads of the weights after the update (tuner.forensics knows the name)
 
 
 @dataclass
@@ -33,6 +40,10 @@ class Built:
     model: ModelGraph
     train_fetches: tuple[Any, ...]  # (weights_finite, loss, grad_norm) after the train op
     val_loss: Any
+    report_names: tuple[str, ...]  # the metrics of report steps, in the order of report_values
+    report_values: Any  # float32 vector fetched with the train op on report steps
+    state: list[Any]  # every global variable (weights, Adam slots, global step): the snapshot
+    state_reader: StateReader
 
 
 def build(model: Model, config: TrainConfig, seed: int) -> Built:
@@ -50,15 +61,71 @@ def build(model: Model, config: TrainConfig, seed: int) -> Built:
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         grads = [g for g, _ in pairs]
         grad_norm = tf.linalg.global_norm(grads)
+        report_names, report_values = _report_tensors(pairs, mg.watch)
         if config.clip_norm is not None:
             grads, _ = tf.clip_by_global_norm(grads, config.clip_norm, use_norm=grad_norm)
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train_op = optimizer.apply_gradients(zip(grads, [v for _, v in pairs], strict=True), step)
-        with tf.control_dependencies([train_op]):
+        with tf.control_dependencies([train_op]), tf.name_scope(UPDATED_SCOPE):
             finite = [tf.reduce_all(tf.math.is_finite(v.read_value())) for _, v in pairs]
             weights_ok = tf.reduce_all(tf.stack(finite))
         val_loss = mg.val_loss if mg.val_loss is not None else mg.loss
-    return Built(graph, mg, (weights_ok, mg.loss, grad_norm), val_loss)
+        state = tf1.global_variables()
+        reader = StateReader(state)
+    fetches = (weights_ok, mg.loss, grad_norm)
+    return Built(graph, mg, fetches, val_loss, report_names, report_values, state, reader)
+
+
+def _report_tensors(pairs: list[tuple[Any, Any]], watch: Mapping[str, Any]) -> tuple[tuple[str, ...], Any]:
+    """Per-weight gradient norms (before clipping) and the largest |value| of each watched tensor.
+
+    Stacked into one vector: one fetch costs ~15 us, so 25 separate scalars would cost more than
+    what they measure.
+    """
+    with tf.name_scope("telemetry"):
+        report = {f"grad_norm/{metric_name(v.name)}": tf.linalg.global_norm([g]) for g, v in pairs}
+        report.update({metric_name(name): tf.reduce_max(tf.abs(t)) for name, t in watch.items()})
+        values = [tf.cast(t, tf.float32) for t in report.values()]
+        vector = tf.stack(values) if values else tf.zeros([0])
+    return tuple(report), vector
+
+
+class StateReader:
+    """Reads every variable in one fetch per dtype (the variables concatenated, flat), and unpacks them."""
+
+    def __init__(self, variables: Sequence[Any]) -> None:
+        groups: dict[Any, list[Any]] = {}  # dtype (or a variable of unknown shape) -> variables
+        for v in variables:
+            key = v.dtype.base_dtype if v.shape.is_fully_defined() else v
+            groups.setdefault(key, []).append(v)
+        self.fetches: list[Any] = []
+        self.layout: list[tuple[str, int, int, tuple[int, ...] | None]] = []  # name, fetch, start, shape
+        with tf.name_scope("snapshot_read"):
+            for members in groups.values():
+                if not members[0].shape.is_fully_defined():
+                    self.layout.append((members[0].name, len(self.fetches), -1, None))
+                    self.fetches.append(members[0].read_value())
+                    continue
+                start = 0
+                for v in members:
+                    self.layout.append((v.name, len(self.fetches), start, tuple(v.shape.as_list())))
+                    start += v.shape.num_elements()
+                self.fetches.append(tf.concat([tf.reshape(v, [-1]) for v in members], axis=0))
+
+    def unpack(self, values: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """Variable name -> value, from the fetched ``values`` of :attr:`fetches`."""
+        out = {}
+        for name, fetch, start, shape in self.layout:
+            if shape is None:
+                out[name] = values[fetch]
+            else:
+                out[name] = values[fetch][start : start + int(np.prod(shape))].reshape(shape)
+        return out
+
+
+def metric_name(name: str) -> str:
+    """A tensor or variable name as an MLflow metric key: ``layer0/kernel:0`` -> ``layer0/kernel``."""
+    return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name.removesuffix(":0"))
 
 
 def _check_scalar(tensor: Any, what: str) -> None:
@@ -100,41 +167,113 @@ def train_run(
     spec: RunSpec,
     should_stop: Callable[[], bool] = lambda: False,
     info: Mapping[str, Any] | None = None,
+    sample_ids: Sequence[int] | None = None,
 ) -> Iterator[RunRecord]:
     """Train one seed run; yield a progress record every ``spec.report_every`` steps, then a final one.
 
-    Stops at the first step whose loss, gradient norm or updated weights are non-finite. Stops
-    early (final status CANCELLED) when ``should_stop()`` turns true; it is checked at each report.
+    Stops at the first step whose loss, gradient norm or updated weights are non-finite, and
+    replays that step to find the op that went non-finite first (the final record's
+    ``forensics``). Stops early (final status CANCELLED) when ``should_stop()`` turns true; it is
+    checked at each report. ``sample_ids`` maps a training sample of ``data`` to its index in the
+    model's data (when the preflight left samples out).
     """
     built = build(model, spec.config, spec.seed)
-    inputs = list(built.model.inputs)
-    stats = _Stats(spec.config.clip_norm)
     info = dict(info or {})
     with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as sess:
         sess.run(tf1.global_variables_initializer())
+        stepper = Stepper(sess, built, data, spec)
+        telemetry = stepper.telemetry
         started = time.perf_counter()
         for step in range(1, spec.steps + 1):
-            batch = data.batch(step, spec.seed)
-            weights_ok, loss, gnorm = sess.run(built.train_fetches, dict(zip(inputs, batch, strict=True)))
-            cause = _non_finite(float(loss), float(gnorm), bool(weights_ok))
+            cause = stepper.step(step)
             if cause is not None:
-                yield stats.final(spec, step, RunStatus.DIVERGED, cause, None, info)
+                found = _investigate(model, stepper, step, sample_ids, info)
+                yield _final(spec, telemetry, step, RunStatus.DIVERGED, cause, None, info, found)
                 return
-            stats.add(float(loss), float(gnorm))
-            if step % spec.report_every == 0 or step == spec.steps:
-                yield stats.progress(spec, step)
+            if stepper.is_report(step):
+                yield _progress(spec, step, stepper)
                 if should_stop():
-                    yield stats.final(spec, step, RunStatus.CANCELLED, None, None, info)
+                    yield _final(spec, telemetry, step, RunStatus.CANCELLED, None, None, info)
                     return
         info["train_seconds"] = time.perf_counter() - started
-        val = float(sess.run(built.val_loss, dict(zip(inputs, data.val, strict=True))))
+        val = float(sess.run(built.val_loss, stepper.feed_arrays(data.val)))
     if not math.isfinite(val):
-        yield stats.final(spec, spec.steps, RunStatus.DIVERGED, DivergedOn.VALIDATION, None, info)
+        note = "the validation loss was non-finite after training; every training step was finite"
+        found = Forensics(spec.steps, note=note, report_points=tuple(telemetry.points),
+                          last_steps=telemetry.last_steps())
+        yield _final(spec, telemetry, spec.steps, RunStatus.DIVERGED, DivergedOn.VALIDATION, None, info, found)
         return
-    yield stats.final(spec, spec.steps, RunStatus.SURVIVED, None, val, info)
+    yield _final(spec, telemetry, spec.steps, RunStatus.SURVIVED, None, val, info)
 
 
-def _non_finite(loss: float, gnorm: float, weights_ok: bool) -> DivergedOn | None:
+@dataclass(frozen=True)
+class Snapshot:
+    """Every global variable (weights, Adam slots, global step) as it was after ``step``."""
+
+    step: int
+    values: Mapping[str, np.ndarray]  # variable name -> value
+
+
+class Stepper:
+    """Runs the train steps of one run in a session, with telemetry (see the module docs).
+
+    Attributes:
+        telemetry: the run's running numbers.
+        snapshot: the variables after the latest report step (after init before the first).
+        metrics: the metrics of the latest report step.
+    """
+
+    def __init__(self, sess: Any, built: Built, data: Dataset, spec: RunSpec) -> None:
+        self.sess, self.built, self.data, self.spec = sess, built, data, spec
+        self.telemetry = Telemetry(spec.config.clip_norm)
+        self.snapshot = self._snapshot(0)
+        self.metrics: dict[str, float] = {}
+
+    def feed_arrays(self, arrays: Sequence[np.ndarray]) -> dict[Any, np.ndarray]:
+        """A feed dict of the model's placeholders."""
+        return dict(zip(self.built.model.inputs, arrays, strict=True))
+
+    def is_report(self, step: int) -> bool:
+        """Whether ``step`` is a report step."""
+        return step % self.spec.report_every == 0 or step == self.spec.steps
+
+    def step(self, step: int) -> DivergedOn | None:
+        """Run train step ``step``; return what went non-finite first, or None."""
+        feed = self.feed_arrays(self.data.batch(step, self.spec.seed))
+        report = self.is_report(step)
+        if report:
+            (weights_ok, loss, gnorm), values = self.sess.run(
+                (self.built.train_fetches, self.built.report_values), feed
+            )
+        else:
+            weights_ok, loss, gnorm = self.sess.run(self.built.train_fetches, feed)
+        loss, gnorm = float(loss), float(gnorm)
+        cause = non_finite(loss, gnorm, bool(weights_ok))
+        if cause is None:
+            self.telemetry.add(step, loss, gnorm)
+            if report:
+                self.metrics = self.telemetry.report(step, dict(zip(self.built.report_names, values, strict=True)))
+                self.snapshot = self._snapshot(step)
+        return cause
+
+    def _snapshot(self, step: int) -> Snapshot:
+        reader = self.built.state_reader
+        return Snapshot(step, reader.unpack(self.sess.run(reader.fetches)))
+
+
+def _investigate(
+    model: Model, stepper: Stepper, step: int, sample_ids: Sequence[int] | None, info: dict[str, Any]
+) -> Forensics:
+    from tuner.forensics import investigate
+
+    started = time.perf_counter()
+    found = investigate(model, stepper, step, sample_ids)
+    info["forensics_seconds"] = time.perf_counter() - started
+    return found
+
+
+def non_finite(loss: float, gnorm: float, weights_ok: bool) -> DivergedOn | None:
+    """What went non-finite first at a step (loss, then gradient norm, then weights), or None."""
     if not math.isfinite(loss):
         return DivergedOn.LOSS
     if not math.isfinite(gnorm):
@@ -144,56 +283,28 @@ def _non_finite(loss: float, gnorm: float, weights_ok: bool) -> DivergedOn | Non
     return None
 
 
-class _Stats:
-    """Running per-step numbers of one run, summarised into records."""
+def _progress(spec: RunSpec, step: int, stepper: Stepper) -> RunRecord:
+    t = stepper.telemetry
+    return RunRecord(
+        spec.trial, spec.seed, step, RunStatus.RUNNING, t.losses[-1], t.gnorms[-1],
+        steps_survived=step, last_finite_loss=t.losses[-1], metrics=dict(stepper.metrics),
+    )
 
-    def __init__(self, clip_norm: float | None) -> None:
-        self.clip_norm = clip_norm
-        self.losses: list[float] = []
-        self.gnorms: list[float] = []
 
-    def add(self, loss: float, gnorm: float) -> None:
-        self.losses.append(loss)
-        self.gnorms.append(gnorm)
-
-    def clip_fraction(self) -> float:
-        if self.clip_norm is None or not self.gnorms:
-            return 0.0
-        return float(np.mean(np.asarray(self.gnorms) > self.clip_norm))
-
-    def progress(self, spec: RunSpec, step: int) -> RunRecord:
-        metrics = {"clip_fraction": self.clip_fraction()}
-        return RunRecord(
-            spec.trial, spec.seed, step, RunStatus.RUNNING, self.losses[-1], self.gnorms[-1],
-            steps_survived=step, last_finite_loss=self.losses[-1], metrics=metrics,
-        )
-
-    def final(
-        self,
-        spec: RunSpec,
-        step: int,
-        status: RunStatus,
-        cause: DivergedOn | None,
-        val: float | None,
-        info: Mapping[str, Any],
-    ) -> RunRecord:
-        survived = len(self.losses)
-        return RunRecord(
-            spec.trial, spec.seed, step, status,
-            loss=self.losses[-1] if self.losses else None,
-            grad_norm=self.gnorms[-1] if self.gnorms else None,
-            final=True, steps_survived=survived,
-            last_finite_loss=self.losses[-1] if self.losses else None,
-            val_loss=val, diverged_on=cause, metrics=self.summary(), info=dict(info),
-        )
-
-    def summary(self) -> dict[str, float]:
-        if not self.gnorms:
-            return {}
-        g = np.asarray(self.gnorms)
-        p50, p90, p99 = np.percentile(g, [50, 90, 99])
-        return {
-            "grad_norm_max": float(g.max()), "grad_norm_p50": float(p50),
-            "grad_norm_p90": float(p90), "grad_norm_p99": float(p99),
-            "clip_fraction": self.clip_fraction(),
-        }
+def _final(
+    spec: RunSpec,
+    telemetry: Telemetry,
+    step: int,
+    status: RunStatus,
+    cause: DivergedOn | None,
+    val: float | None,
+    info: Mapping[str, Any],
+    forensics: Forensics | None = None,
+) -> RunRecord:
+    last = telemetry.losses[-1] if telemetry.losses else None
+    return RunRecord(
+        spec.trial, spec.seed, step, status, loss=last,
+        grad_norm=telemetry.gnorms[-1] if telemetry.gnorms else None,
+        final=True, steps_survived=telemetry.steps, last_finite_loss=last,
+        val_loss=val, diverged_on=cause, metrics=telemetry.summary(), info=dict(info), forensics=forensics,
+    )

@@ -23,7 +23,7 @@ class TrialWorker:
         import tuner.train  # noqa: F401  (the TensorFlow import, paid once per actor)
 
         self._models: dict[str, Any] = {}
-        self._data: dict[tuple[str, str], Any] = {}
+        self._data: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # (model, knobs, skip) -> (data, ids)
 
     def ready(self) -> dict[str, Any]:
         """Where this worker runs: node id, GPU ids and pid (answers once TF is imported)."""
@@ -38,8 +38,8 @@ class TrialWorker:
         context = ray.get_runtime_context()
         try:
             model = self._model(spec.model)
-            data = self._dataset(spec, model)
-            yield from train_run(model, data, spec, context.is_canceled, self._where())
+            data, sample_ids = self._dataset(spec, model)
+            yield from train_run(model, data, spec, context.is_canceled, self._where(), sample_ids)
         except Exception as exc:  # a bug in the model or a bad config: FAIL, not retried
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             yield RunRecord(
@@ -54,10 +54,13 @@ class TrialWorker:
             self._models[spec] = load_model(spec)
         return self._models[spec]
 
-    def _dataset(self, spec: RunSpec, model: Any) -> Any:
-        key = (spec.model, repr(sorted(spec.config.knobs.items())))
+    def _dataset(self, spec: RunSpec, model: Any) -> tuple[Any, Any]:
+        """The run's data less the samples the preflight flagged, and the kept samples' indices."""
+        from tuner.preflight import without
+
+        key = (spec.model, repr(sorted(spec.config.knobs.items())), spec.skip)
         if key not in self._data:
-            self._data = {key: model.data(spec.config.knobs)}  # keep one: data can be large
+            self._data = {key: without(model.data(spec.config.knobs), spec.skip)}  # keep one: data can be large
         return self._data[key]
 
     @staticmethod

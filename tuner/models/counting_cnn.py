@@ -15,9 +15,11 @@ independent of the input's scale, so ``input_scaling`` does not move the diverge
 
 The validation loss is the squared error of the predicted count whatever the loss (the argmax
 count for ``classify``), so trials with different losses compare. The data can carry the faults
-of the seed's pipeline (NaN labels, negative labels, corrupt all-NaN images), planted only in the
-training split; ``classify`` one-hot encodes a NaN or negative label as all zeros and so trains
-through them, as ``tf.one_hot`` does.
+of the seed's pipeline (NaN labels, negative labels, corrupt all-NaN images, unscaled 16-bit
+images), planted only in the training split; ``classify`` one-hot encodes a NaN or negative label
+as all zeros and so trains through them, as ``tf.one_hot`` does. The declared input range is
+0..255 whatever ``input_scaling`` says (the arrays always hold 8-bit values; ``unit`` divides in
+the graph), so the data preflight flags unscaled 16-bit images, not raw pixels.
 """
 
 from __future__ import annotations
@@ -88,12 +90,14 @@ class CountingCNN:
     def data(self, knobs: Mapping[str, Any]) -> Dataset:
         """Raw-pixel images and counts; faults only in the training split (see module docs)."""
         x_train, y_train, x_val, y_val = self._generate()
-        unit = knobs["input_scaling"] == "unit"
+        # the arrays hold 8-bit pixel values whatever input_scaling says: "unit" divides by 255
+        # in the graph. So the input the model expects is 0..255 either way, and the preflight
+        # flags values beyond it (unscaled 16-bit pixels), not the raw pixels themselves.
         return Dataset(
             train=(x_train, y_train), val=(x_val, y_val),
             batch_size=int(knobs["batch_size"]),
             label_range=(0.0, float(self.max_blocks)),
-            input_range=(0.0, 1.0) if unit else (0.0, 255.0),
+            input_range=(0.0, 255.0),
         )
 
     def build(self, knobs: Mapping[str, Any]) -> ModelGraph:

@@ -5,8 +5,8 @@ chaotic one, Vano et al. 2006) and the populations at a fixed horizon, integrate
 fine grid. The target depends only on the horizon, never on how many learned steps reach it.
 
 ``block_images``: RGB uint8 images with 0..max_blocks non-overlapping coloured blocks, the label
-being the count. It can plant the faults of a real pipeline: NaN labels, negative labels and
-corrupt (all-NaN) images.
+being the count. It can plant the faults of a real pipeline: NaN labels, negative labels, corrupt
+(all-NaN) images and unscaled images (16-bit values, 0..65535, in an 8-bit pipeline).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class Faults:
     nan_labels: float = 0.0
     negative_labels: float = 0.0
     corrupt_images: float = 0.0
+    unscaled_images: float = 0.0  # pixels scaled to 16 bits (x 257) where 0..255 is expected
 
 
 def block_images(
@@ -83,11 +84,14 @@ def _plant(images: np.ndarray, labels: np.ndarray, faults: Faults, rng: np.rando
         (faults.nan_labels, "nan"),
         (faults.negative_labels, "negative"),
         (faults.corrupt_images, "corrupt"),
+        (faults.unscaled_images, "unscaled"),
     ):
         picked = rng.choice(size, size=round(fraction * size), replace=False)
         if fault == "nan":
             labels[picked] = np.nan
         elif fault == "negative":
             labels[picked] = -1.0
-        else:
+        elif fault == "corrupt":
             images[picked] = np.nan
+        else:
+            images[picked] *= 257.0

@@ -1,0 +1,344 @@
+"""``python -m tuner check-model SPEC``: check a model against the contract before launching it.
+
+Loads the model, builds it in fresh graphs and trains it a few steps through tuner's own trainer,
+then prints one line per check (``PASS`` or ``FAIL`` and what it found):
+
+- ``contract``: ``knobs``, ``build`` and ``data`` are there (and every Knob is valid);
+- ``knob names``: no model knob takes the name of one of tuner's knobs;
+- ``data``: ``data`` returns a :class:`~tuner.models.Dataset`, the same arrays on every call;
+- ``build``: ``build`` returns a :class:`~tuner.models.ModelGraph` of placeholders, one per
+  data array, and creates no optimizer;
+- ``loss``: the loss is a scalar and finite at init on the first batch;
+- ``gradients``: a gradient reaches every trainable weight;
+- ``knob NAME``: some other valid value of the knob changes the graph's op count, the data or the
+  loss at init (with the other knobs at their defaults, or with one of them changed, for a knob
+  that only matters together with another);
+- ``training``: a few steps of tuner's trainer stay finite.
+
+Exit status 0 when every check passes, 2 otherwise. Errors in the model's code are reported as
+one line naming the model, the member and the line of code, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import numpy as np
+
+from tuner.config import prepare_environment
+from tuner.errors import ModelError
+from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code_error
+from tuner.records import RunSpec, RunStatus, TrainConfig
+from tuner.spaces import TUNER_KNOBS
+
+SEED = 0  # graph seed of every build: the same graph gives the same loss at init
+SMOKE = TrainConfig(1e-3, clip_norm=1.0, l2_weight=1e-4)  # the training check's tuner knobs
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one check: its name, whether it passed, and what it found."""
+
+    name: str
+    ok: bool
+    detail: str
+
+    def line(self) -> str:
+        """One report line: ``PASS  name  detail``."""
+        return f"{'PASS' if self.ok else 'FAIL'}  {self.name:<24} {self.detail}"
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """Run every check on ``args.spec`` (training ``args.steps`` steps); print the report.
+
+    Returns:
+        0 when every check passed, 2 otherwise.
+    """
+    prepare_environment()
+    print(f"checking model {args.spec!r} against tuner's model contract (docs/models.md)", flush=True)
+    failed = total = 0
+    for check in check_model(args.spec, args.steps):
+        print(check.line(), flush=True)
+        total += 1
+        failed += not check.ok
+    verdict = "all checks passed" if not failed else f"{failed} of {total} checks failed"
+    print(f"model {args.spec!r}: {verdict}")
+    return 2 if failed else 0
+
+
+def check_model(spec: str, steps: int) -> Iterator[Check]:
+    """Yield the checks of ``spec`` in order; stop after a failure that later checks depend on."""
+    try:
+        model = load_model(spec)
+    except ModelError as exc:
+        yield Check("contract", False, str(exc))
+        return
+    yield Check("contract", True, f"{_qualname(model)}: knobs ({len(model.knobs)}), build and data")
+    yield _knob_names(model)
+    probe = Probe(model, spec)
+    for blocking in (probe.data_check, probe.build_check, probe.loss_check):
+        check = blocking()
+        yield check
+        if not check.ok:
+            return
+    yield probe.gradient_check()
+    for name in model.knobs:
+        yield probe.knob_check(name)
+    yield _training(model, spec, steps, probe.defaults)
+
+
+def _qualname(model: Model) -> str:
+    cls = type(model)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _knob_names(model: Model) -> Check:
+    clash = sorted(set(model.knobs) & set(TUNER_KNOBS))
+    if clash:
+        return Check("knob names", False, f"knob(s) {clash} take the name of tuner's own knobs "
+                     f"{sorted(TUNER_KNOBS)}, which tuner applies itself: rename them")
+    return Check("knob names", True, f"{sorted(model.knobs)}; none is one of tuner's own knobs")
+
+
+@dataclass(frozen=True)
+class _Built:
+    """One build of the model alone (no optimizer) in its own graph, with its op count."""
+
+    graph: Any
+    model: ModelGraph
+    ops: int
+
+
+class Probe:
+    """Builds, data and losses at init of one model, cached by knob values."""
+
+    def __init__(self, model: Model, spec: str) -> None:
+        self.model, self.spec = model, spec
+        self.defaults: dict[str, Any] = {name: knob.default for name, knob in model.knobs.items()}
+        self._builds: dict[str, _Built] = {}
+        self._datasets: dict[str, Dataset] = {}
+        self._losses: dict[str, float] = {}
+
+    # -- the checks ------------------------------------------------------------------------
+
+    def data_check(self) -> Check:
+        """``data`` returns a Dataset, the same arrays on every call."""
+        try:
+            data = self.data(self.defaults)
+            again = self._call("data(knobs)", self.model.data, self.defaults)
+        except ModelError as exc:
+            return Check("data", False, str(exc))
+        if _fingerprint(again) != _fingerprint(data):
+            return Check("data", False, f"model {self.spec!r}: data() returns different arrays on each call; "
+                         "make it deterministic (seed its generator): the trial seed only picks the batch order")
+        return Check("data", True, f"{len(data.train)} array(s), {data.size} train / {len(data.val[0])} val "
+                     f"samples, batch {data.batch_size}; the same arrays on every call")
+
+    def build_check(self) -> Check:
+        """``build`` returns a ModelGraph of placeholders, one per data array, and no optimizer."""
+        try:
+            built = self.build(self.defaults)
+        except ModelError as exc:
+            return Check("build", False, str(exc))
+        problem = _graph_problem(built, len(self.data(self.defaults).train))
+        if problem:
+            return Check("build", False, f"model {self.spec!r}: build() {problem}")
+        weights = len(built.graph.get_collection("trainable_variables"))
+        return Check("build", True, f"fresh graph: {built.ops} ops, {len(built.model.inputs)} "
+                     f"placeholder(s), {weights} trainable weight(s)")
+
+    def loss_check(self) -> Check:
+        """The loss (and the validation loss) is a scalar, finite at init on the first batch."""
+        mg = self.build(self.defaults).model
+        for what, tensor in (("loss", mg.loss), ("val_loss", mg.val_loss)):
+            shape = getattr(tensor, "shape", None)
+            if tensor is not None and (shape is None or shape.rank != 0):
+                return Check("loss", False, f"model {self.spec!r}: build() returned a {what} of shape "
+                             f"{shape}; it must be a scalar: reduce it over the batch (tf.reduce_mean)")
+        try:
+            value = self.loss(self.defaults)
+        except ModelError as exc:
+            return Check("loss", False, str(exc))
+        if not math.isfinite(value):
+            return Check("loss", False, f"model {self.spec!r}: the loss at init is {value} on the first "
+                         "batch; check the data (NaN, huge values) and the loss (log of 0, division by 0)")
+        return Check("loss", True, f"scalar, finite at init on the first batch: {value:.4g}")
+
+    def gradient_check(self) -> Check:
+        """A gradient reaches every trainable weight."""
+        import tensorflow as tf
+
+        built = self.build(self.defaults)
+        with built.graph.as_default():
+            variables = tf.compat.v1.trainable_variables()
+            grads = tf.compat.v1.gradients(built.model.loss, variables)
+        if not variables:
+            return Check("gradients", False, f"model {self.spec!r}: build() creates no trainable weight")
+        dead = [v.op.name for v, g in zip(variables, grads, strict=True) if g is None]
+        if dead:
+            return Check("gradients", False, f"model {self.spec!r}: no gradient reaches {dead}: use them in "
+                         "the loss, or create them with trainable=False")
+        return Check("gradients", True, f"a gradient reaches each of the {len(variables)} trainable weight(s)")
+
+    def knob_check(self, name: str) -> Check:
+        """Some other valid value of knob ``name`` changes the graph, the data or the loss at init."""
+        tried = alternatives(self.model.knobs[name])
+        try:
+            for context, note in self._contexts(name):
+                for value in tried:
+                    change = self.difference(context, {**context, name: value})
+                    if change:
+                        return Check(f"knob {name}", True, f"{name}={value!r} {change}{note}")
+        except ModelError as exc:
+            return Check(f"knob {name}", False, str(exc))
+        return Check(f"knob {name}", False, f"model {self.spec!r}: knob {name!r} changes nothing: none of "
+                     f"{tried} changes the graph, the data or the loss at init, even with another knob "
+                     "changed; use it in build or data, or remove it")
+
+    # -- cached pieces ---------------------------------------------------------------------
+
+    def build(self, knobs: Mapping[str, Any]) -> _Built:
+        """The model alone (no optimizer), built with ``knobs`` in a fresh graph."""
+        key = _key(knobs)
+        if key not in self._builds:
+            self._builds[key] = self._build(knobs)
+        return self._builds[key]
+
+    def data(self, knobs: Mapping[str, Any]) -> Dataset:
+        """The model's dataset for ``knobs``."""
+        key = _key(knobs)
+        if key not in self._datasets:
+            data = self._call("data(knobs)", self.model.data, knobs)
+            if not isinstance(data, Dataset):
+                raise ModelError(f"model {self.spec!r}: data() must return a tuner.models.Dataset, "
+                                 f"got {type(data).__name__}")
+            self._datasets[key] = data
+        return self._datasets[key]
+
+    def loss(self, knobs: Mapping[str, Any]) -> float:
+        """The loss at init on the first batch (seed 0) for ``knobs``."""
+        key = _key(knobs)
+        if key not in self._losses:
+            self._losses[key] = self._loss(knobs)
+        return self._losses[key]
+
+    def difference(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+        """What differs between the knob values ``a`` and ``b`` (None: nothing seen)."""
+        ops_a, ops_b = self.build(a).ops, self.build(b).ops
+        if ops_a != ops_b:
+            return f"changes the graph ({ops_a} -> {ops_b} ops)"
+        if _fingerprint(self.data(a)) != _fingerprint(self.data(b)):
+            return "changes the data"
+        loss_a, loss_b = self.loss(a), self.loss(b)
+        if not (loss_a == loss_b or (math.isnan(loss_a) and math.isnan(loss_b))):
+            return f"changes the loss at init ({loss_a:.4g} -> {loss_b:.4g})"
+        return None
+
+    def _contexts(self, name: str) -> Iterator[tuple[dict[str, Any], str]]:
+        """The defaults, then the defaults with one other knob changed (for conditional knobs)."""
+        yield dict(self.defaults), ""
+        for other, knob in self.model.knobs.items():
+            if other != name:
+                for value in alternatives(knob):
+                    yield {**self.defaults, other: value}, f" (when {other}={value!r})"
+
+    def _build(self, knobs: Mapping[str, Any]) -> _Built:
+        import tensorflow as tf
+
+        graph = tf.Graph()
+        with graph.as_default():
+            tf.compat.v1.set_random_seed(SEED)
+            mg = self._call("build(knobs)", self.model.build, knobs)
+        if not isinstance(mg, ModelGraph):
+            raise ModelError(f"model {self.spec!r}: build() must return a tuner.models.ModelGraph, "
+                             f"got {type(mg).__name__}")
+        return _Built(graph, mg, len(graph.get_operations()))
+
+    def _loss(self, knobs: Mapping[str, Any]) -> float:
+        import tensorflow as tf
+
+        from tuner.train import session_config
+
+        built, batch = self.build(knobs), self.data(knobs).batch(1, SEED)
+        with built.graph.as_default():
+            init = tf.compat.v1.global_variables_initializer()
+        with tf.compat.v1.Session(graph=built.graph, config=session_config(1, gpu=False)) as sess:
+            sess.run(init)
+            feed = dict(zip(built.model.inputs, batch, strict=False))
+            return float(self._call("running the loss on the first batch", sess.run, built.model.loss, feed))
+
+    def _call(self, doing: str, fn: Any, *args: Any) -> Any:
+        """Call the model's code; any exception becomes a one-line ModelError at its line."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            raise user_code_error(self.spec, doing, exc) from None
+
+
+def alternatives(knob: Knob) -> list[Any]:
+    """Valid values of ``knob`` other than its default, to see whether it changes anything."""
+    if knob.kind == "bool":
+        values: list[Any] = [not knob.default]
+    elif knob.kind == "categorical":
+        values = list(knob.choices)
+    else:
+        cast = int if knob.kind == "int" else float
+        values = [cast(knob.high), cast(knob.low)]
+    if knob.nullable:
+        values.append(None)
+    unique: list[Any] = []
+    for value in values:
+        if value != knob.default and value not in unique and knob.problem(value) is None:
+            unique.append(value)
+    return unique
+
+
+def _graph_problem(built: _Built, arrays: int) -> str | None:
+    """What is wrong with a model's graph (None: nothing)."""
+    inputs = list(built.model.inputs)
+    kinds = {getattr(getattr(t, "op", None), "type", None) for t in inputs}
+    if not kinds <= {"Placeholder", "PlaceholderWithDefault"}:
+        return "must return placeholders (tf.compat.v1.placeholder) as ModelGraph.inputs"
+    if len(inputs) != arrays:
+        return f"returned {len(inputs)} placeholder(s) but data() has {arrays} array(s): one per array, same order"
+    applies = sorted({op.type for op in built.graph.get_operations() if "Apply" in op.type})
+    if applies:
+        return f"creates an optimizer ({', '.join(applies)}): tuner adds Adam, L2 and clipping; return the loss only"
+    return None
+
+
+def _training(model: Model, spec: str, steps: int, knobs: Mapping[str, Any]) -> Check:
+    """A few steps of tuner's own trainer (Adam, L2, clipping, the NaN checks) stay finite."""
+    from tuner.train import train_run
+
+    run = RunSpec(0, SEED, spec, replace(SMOKE, knobs=dict(knobs)), steps=steps, report_every=steps)
+    try:
+        final = list(train_run(model, model.data(knobs), run))[-1]
+    except Exception as exc:
+        return Check("training", False, str(user_code_error(spec, "training", exc)))
+    setup = f"{steps} step(s), learning rate {SMOKE.learning_rate:g}, clip {SMOKE.clip_norm:g}, L2 {SMOKE.l2_weight:g}"
+    if final.status is not RunStatus.SURVIVED:
+        return Check("training", False, f"model {spec!r}: {setup} with the default knobs: {final.status} at step "
+                     f"{final.step} ({final.diverged_on} went NaN/Inf); check the data and the loss")
+    return Check("training", True, f"{setup}: loss {final.loss:.4g}, validation loss {final.val_loss:.4g}")
+
+
+def _key(knobs: Mapping[str, Any]) -> str:
+    return repr(sorted(knobs.items()))
+
+
+def _fingerprint(data: Dataset) -> str:
+    """A digest of a dataset's arrays and settings (its batch size, ranges, any added fields)."""
+    digest = hashlib.sha1()
+    for array in (*data.train, *data.val):
+        array = np.ascontiguousarray(array)
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(array.tobytes())
+    settings = [(f.name, getattr(data, f.name)) for f in fields(data) if f.name not in ("train", "val")]
+    digest.update(f"{type(data).__qualname__}{settings}".encode())
+    return digest.hexdigest()

@@ -1,0 +1,183 @@
+"""Divergence forensics: which op went non-finite first at the divergence step, and after what.
+
+When a seed run diverges at step ``s``, :func:`investigate` first looks at the batch of step
+``s``: a non-finite input or label attributes the divergence to the data, with the samples'
+indices. Otherwise it replays step ``s``: a fresh graph built from the same config and seed
+(``tuner.train.build``), every variable loaded from the snapshot of the last report step ``r``,
+steps ``r+1 .. s-1`` run as in training, then step ``s`` run with a numeric check on the output of
+every op the train step runs (each output fetched and checked for NaN/Inf). The first op in graph
+order (a topological order) whose output is non-finite while its inputs are finite is where the
+divergence started. ``tf.compat.v1.add_check_numerics_ops`` is not used: it stops at whichever
+failing check the executor happens to run first, which need not be the first op in dataflow
+order. Normal training runs no numeric checks at all; the replay costs one graph build and at
+most ``report_every`` steps, once per diverged run.
+
+Names come from name scopes: ``iter_3/recompute_input/Log`` is a ``Log`` in layer
+``recompute_input`` of loop iteration 3, in the forward pass. ``gradients/...`` is the backward
+pass (``gradients/iter_3/recompute_input/Log_grad/Reciprocal`` differentiates
+``iter_3/recompute_input/Log``); tuner's ``global_norm/`` and ``clip_by_global_norm/`` count as
+backward too. An update that overflows a weight is reported as the optimizer's apply op of that
+weight (kind ``update``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tuner.models.base import Dataset, Model
+from tuner.records import Forensics, NonFiniteKind, RunSpec
+from tuner.train import UPDATED_SCOPE, Snapshot, Stepper, build, session_config
+
+tf1 = tf.compat.v1
+
+LISTED = 10  # non-finite ops listed in the record
+_ITER = re.compile(r"iter_(\d+)")
+_BACKWARD = ("gradients/", "global_norm/", "clip_by_global_norm/")
+
+
+def investigate(model: Model, stepper: Stepper, step: int, sample_ids: Sequence[int] | None = None) -> Forensics:
+    """Find where the divergence at ``step`` started (see the module docs); never raises."""
+    context = {"report_points": tuple(stepper.telemetry.points), "last_steps": stepper.telemetry.last_steps()}
+    names = [t.op.name for t in stepper.built.model.inputs]
+    found = data_fault(stepper.data, stepper.spec, step, names, sample_ids)
+    if found is None:
+        try:
+            found = replay(model, stepper.data, stepper.spec, stepper.snapshot, step)
+        except Exception as exc:  # forensics must never turn a divergence into a failure
+            found = Forensics(step, note=f"the replay failed: {type(exc).__name__}: {exc}")
+    return replace(found, **context)
+
+
+def data_fault(
+    data: Dataset, spec: RunSpec, step: int, input_names: Sequence[str], sample_ids: Sequence[int] | None
+) -> Forensics | None:
+    """A DATA record if the batch of ``step`` holds a non-finite input or label, else None."""
+    batch = data.batch(step, spec.seed)
+    bad = [np.flatnonzero(~finite_rows(a)) for a in batch]  # per array: bad rows of the batch
+    if not any(len(rows) for rows in bad):
+        return None
+    first = next(i for i, rows in enumerate(bad) if len(rows))
+    rows = sorted({int(r) for r in np.concatenate(bad)})
+    index = data.batch_indices(step, spec.seed)
+    samples = [int(index[r]) for r in rows]
+    if sample_ids is not None:
+        samples = [int(sample_ids[i]) for i in samples]
+    what = "label" if first == len(batch) - 1 else "input"
+    return Forensics(
+        step, NonFiniteKind.DATA, op=input_names[first], op_type="Placeholder", samples=tuple(samples),
+        note=f"the batch held {len(rows)} sample(s) with a non-finite {what}",
+    )
+
+
+def finite_rows(array: np.ndarray) -> np.ndarray:
+    """Per sample (first axis): every value finite (non-numeric arrays count as finite)."""
+    array = np.asarray(array)
+    if not np.issubdtype(array.dtype, np.number):
+        return np.ones(len(array), bool)
+    return np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+
+
+def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step: int) -> Forensics:
+    """Replay ``step`` from ``snapshot`` with every op's output checked (see the module docs)."""
+    built = build(model, spec.config, spec.seed)
+    with built.graph.as_default():
+        load, feeds = _loader(built.state)
+        checked = _checked_tensors(built.graph, built.train_fetches)
+    inputs = list(built.model.inputs)
+
+    def feed(k: int) -> dict[Any, np.ndarray]:
+        return dict(zip(inputs, data.batch(k, spec.seed), strict=True))
+
+    with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as sess:
+        sess.run(tf1.global_variables_initializer())
+        sess.run(load, {feeds[name]: value for name, value in snapshot.values.items()})
+        for k in range(snapshot.step + 1, step):
+            weights_ok, loss, gnorm = sess.run(built.train_fetches, feed(k))
+            if not (weights_ok and np.isfinite(loss) and np.isfinite(gnorm)):
+                note = f"the replay from step {snapshot.step} diverged earlier, at step {k}; not analysed"
+                return Forensics(step, replayed_from=snapshot.step, note=note)
+        values, _ = sess.run((checked, built.train_fetches), feed(step))
+    bad = {t.name for t, v in zip(checked, values, strict=True) if not np.all(np.isfinite(v))}
+    ops = [op for op in built.graph.get_operations() if any(t.name in bad for t in op.outputs)]
+    if not ops:
+        note = f"the replay of step {step} stayed finite: the divergence did not reproduce"
+        return Forensics(step, replayed_from=snapshot.step, note=note)
+    origin = next((op for op in ops if not any(t.name in bad for t in op.inputs)), ops[0])
+    listed = tuple(op.name for op in ops[:LISTED])
+    return replace(describe(origin), step=step, nonfinite_ops=listed, replayed_from=snapshot.step)
+
+
+def describe(op: Any) -> Forensics:
+    """Kind, layer and loop iteration of ``op`` from its name scopes (step left 0)."""
+    if op.name.startswith(UPDATED_SCOPE + "/") and op.type == "ReadVariableOp":
+        variable = op.inputs[0].op
+        apply = _apply_op(op.graph, variable)
+        layer, iteration, _ = locate(variable.name)
+        return Forensics(
+            0, NonFiniteKind.UPDATE, op=apply.name if apply else op.name,
+            op_type=apply.type if apply else op.type, layer=layer, iteration=iteration,
+            note=f"the update of weight {variable.name} made it non-finite",
+        )
+    kind = NonFiniteKind.BACKWARD if op.name.startswith(_BACKWARD) else NonFiniteKind.FORWARD
+    if op.name.startswith("Adam/") or op.type.startswith(("ResourceApply", "Apply")):
+        kind = NonFiniteKind.UPDATE
+    layer, iteration, forward_op = locate(op.name)
+    return Forensics(0, kind, op=op.name, op_type=op.type, layer=layer, iteration=iteration, forward_op=forward_op)
+
+
+def locate(name: str) -> tuple[str | None, int | None, str | None]:
+    """(layer, loop iteration, forward op) of an op name; see the module docs.
+
+    >>> locate("gradients/iter_3/recompute_input/Log_grad/Reciprocal")
+    ('recompute_input', 3, 'iter_3/recompute_input/Log')
+    """
+    backward = name.startswith("gradients/")
+    scopes = name.removeprefix("gradients/").split("/")[:-1]
+    cut = next((i for i, s in enumerate(scopes) if s.endswith("_grad")), None)
+    forward_op = None
+    if backward and cut is not None:
+        forward_op = "/".join([*scopes[:cut], scopes[cut].removesuffix("_grad")])
+        scopes = scopes[:cut]
+    iteration = next((int(m.group(1)) for s in scopes if (m := _ITER.fullmatch(s))), None)
+    rest = [s for s in scopes if not _ITER.fullmatch(s)]
+    return (rest[0] if rest else None), iteration, forward_op
+
+
+def _loader(variables: Sequence[Any]) -> tuple[Any, dict[str, Any]]:
+    """One op assigning every variable from a placeholder; variable name -> its placeholder."""
+    feeds, assigns = {}, []
+    with tf.name_scope("snapshot"):
+        for v in variables:
+            feeds[v.name] = tf1.placeholder(v.dtype.base_dtype, v.shape)
+            assigns.append(tf1.assign(v, feeds[v.name]))
+    return tf.group(*assigns), feeds
+
+
+def _checked_tensors(graph: Any, fetches: Sequence[Any]) -> list[Any]:
+    """The floating-point outputs of every op a train step runs, in graph order."""
+    needed: set[Any] = set()
+    todo = [f.op for f in fetches]
+    while todo:
+        op = todo.pop()
+        if op not in needed:
+            needed.add(op)
+            todo.extend(t.op for t in op.inputs)
+            todo.extend(op.control_inputs)
+    return [
+        t for op in graph.get_operations() if op in needed
+        for t in op.outputs if t.dtype.is_floating and graph.is_fetchable(t)
+    ]
+
+
+def _apply_op(graph: Any, variable: Any) -> Any:
+    """The optimizer op that updates ``variable`` (its handle op), if any."""
+    for op in graph.get_operations():
+        if op.type.startswith("ResourceApply") and op.inputs and op.inputs[0].op is variable:
+            return op
+    return None

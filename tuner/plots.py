@@ -1,0 +1,221 @@
+"""The study's stability plots, as PNG files (matplotlib's Agg canvas; no display, no pyplot).
+
+- **Stability map**: learning rate (log axis) against ``max_iter``, or else the knob that moves
+  the steps survived most; a circle per survived trial, a cross per diverged one, shaded by the
+  fraction of the budget its weakest seed survived.
+- **Survival curves**: the fraction of seed runs still finite at each step (Kaplan-Meier: a seed
+  cancelled because a sibling diverged counts as finite up to its cancellation, not after), for
+  the whole study and per learning-rate band.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+STABILITY_MAP = "stability_map.png"
+SURVIVAL = "survival.png"
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One finished trial as the report and the plots see it (from the Optuna storage)."""
+
+    number: int
+    status: str  # survived, diverged or failed
+    config: Mapping[str, Any]
+    steps_survived: tuple[int, ...]  # per seed
+    steps: int  # the budget
+    divergence_step: int | None = None
+    diverged_on: str | None = None
+    val_loss: float | None = None
+    run_id: str | None = None
+
+    @property
+    def survived_fraction(self) -> float:
+        """Steps the weakest seed survived, as a fraction of the budget."""
+        return min(self.steps_survived, default=0) / self.steps if self.steps else 0.0
+
+    def seed_runs(self) -> list[tuple[int, bool]]:
+        """(last finite step, went non-finite) per seed; a cancelled sibling is censored, not diverged."""
+        events = []
+        for survived in self.steps_survived:
+            diverged = self.status == "diverged" and self.divergence_step is not None and (
+                survived == self.divergence_step - 1
+                or (self.diverged_on == "validation" and survived == self.divergence_step)
+            )
+            events.append((survived, diverged))
+        return events
+
+
+def write_plots(rows: Sequence[TrialRow], out_dir: str | Path, prefix: str = "") -> list[Path]:
+    """Write the stability map and the survival curves into ``out_dir``; return their paths."""
+    from matplotlib.figure import Figure
+
+    rows = [r for r in rows if r.status in ("survived", "diverged")]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    title = _title(rows)
+    paths = []
+    for name, draw in ((STABILITY_MAP, stability_map), (SURVIVAL, survival_curves)):
+        fig = Figure(figsize=(7, 4.8), layout="constrained")
+        draw(fig.add_subplot(), rows)
+        fig.suptitle(title, fontsize=10)
+        path = out / f"{prefix}{name}"
+        fig.savefig(path, dpi=110)
+        paths.append(path)
+    return paths
+
+
+def stability_map(ax: Any, rows: Sequence[TrialRow]) -> None:
+    """Learning rate against the most telling other knob, survived vs diverged (see module docs)."""
+    if not rows:
+        ax.text(0.5, 0.5, "no finished trial", ha="center", transform=ax.transAxes)
+        return
+    knob = other_knob(rows)
+    x = np.array([float(r.config["learning_rate"]) for r in rows])
+    y, labels, null_at = _axis_values(
+        [r.config.get(knob) for r in rows] if knob else [min(r.steps_survived, default=0) for r in rows]
+    )
+    shade = np.array([r.survived_fraction for r in rows])
+    survived = np.array([r.status == "survived" for r in rows])
+    style = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0}
+    ok, bad = survived, ~survived
+    points = ax.scatter(x[ok], y[ok], c=shade[ok], marker="o", edgecolors="k", label="survived", **style)
+    ax.scatter(x[bad], y[bad], c=shade[bad], marker="X", s=70, label="diverged", **style)
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel(knob or "steps survived (weakest seed)")
+    if labels is not None:
+        ax.set_yticks(range(len(labels)), labels)
+    if null_at is not None:
+        ax.axhline(null_at, linestyle=":", color="grey")
+        ax.annotate("null", (0.01, null_at), xycoords=("axes fraction", "data"), va="bottom", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
+    ax.figure.colorbar(points, ax=ax, label="fraction of the budget survived (weakest seed)")
+
+
+def survival_curves(ax: Any, rows: Sequence[TrialRow]) -> None:
+    """Fraction of seed runs still finite against the step (see module docs)."""
+    budget = max((r.steps for r in rows), default=1)
+    runs = [run for r in rows for run in r.seed_runs()]
+    if not runs:
+        ax.text(0.5, 0.5, "no finished trial", ha="center", transform=ax.transAxes)
+        return
+    ax.step(*kaplan_meier(runs, budget), where="post", color="k", linewidth=2, label=f"all ({len(runs)} seed runs)")
+    for label, band in _lr_bands(rows):
+        band_runs = [run for r in band for run in r.seed_runs()]
+        ax.step(*kaplan_meier(band_runs, budget), where="post", label=f"{label} ({len(band_runs)})")
+    ax.set_xlim(0, budget)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("step")
+    ax.set_ylabel("fraction of seed runs still finite")
+    ax.legend(loc="lower left", fontsize=8)
+
+
+def kaplan_meier(runs: Sequence[tuple[int, bool]], budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and survival fractions of (last finite step, diverged) runs, from step 0 to ``budget``.
+
+    A diverged run went non-finite at ``last finite step + 1``; the others are censored there.
+    """
+    steps, alive, fraction = [0], [1.0], 1.0
+    for t in sorted({s + 1 for s, diverged in runs if diverged}):
+        at_risk = sum(1 for s, _ in runs if s + 1 >= t)
+        died = sum(1 for s, diverged in runs if diverged and s + 1 == t)
+        fraction *= 1.0 - died / at_risk
+        steps.append(t)
+        alive.append(fraction)
+    steps.append(budget)
+    alive.append(fraction)
+    return np.array(steps), np.array(alive)
+
+
+def other_knob(rows: Sequence[TrialRow]) -> str | None:
+    """``max_iter`` if it varies, else the varying knob most associated with the steps survived."""
+    varying = [
+        k for k in rows[0].config
+        if k != "learning_rate" and len({repr(r.config.get(k)) for r in rows}) > 1
+    ]
+    if "max_iter" in varying:
+        return "max_iter"
+    survived = np.array([min(r.steps_survived, default=0) for r in rows], float)
+    scores = {k: _association([r.config.get(k) for r in rows], survived) for k in varying}
+    return max(scores, key=lambda k: scores[k]) if scores else None
+
+
+def _association(values: list[Any], target: np.ndarray) -> float:
+    """|Spearman correlation| for a numeric knob (null or not counts as a choice), else the correlation ratio."""
+    if np.std(target) == 0:
+        return 0.0
+    if not _numeric(values):
+        return _correlation_ratio([repr(v) for v in values], target)
+    present = np.array([v is not None for v in values])
+    score = _correlation_ratio([str(p) for p in present], target) if not present.all() else 0.0
+    numbers = np.array([v for v in values if v is not None], float)
+    if len(numbers) > 2 and np.std(numbers) > 0 and np.std(target[present]) > 0:
+        ranks = np.argsort(np.argsort(numbers)).astype(float)
+        target_ranks = np.argsort(np.argsort(target[present])).astype(float)
+        score = max(score, float(abs(np.corrcoef(ranks, target_ranks)[0, 1])))
+    return score
+
+
+def _correlation_ratio(keys: list[str], target: np.ndarray) -> float:
+    groups = [target[[k == g for k in keys]] for g in set(keys)]
+    between = sum(len(g) * (g.mean() - target.mean()) ** 2 for g in groups)
+    return float(np.sqrt(between / (len(target) * np.var(target))))
+
+
+def _numeric(values: list[Any]) -> bool:
+    present = [v for v in values if v is not None]
+    return bool(present) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
+
+
+def _axis_values(values: list[Any]) -> tuple[np.ndarray, list[str] | None, float | None]:
+    """Axis positions: numbers as they are (nulls on a line below them), choices as labelled slots.
+
+    Returns:
+        The positions, the labels of a choice axis (None for numbers), where the nulls sit.
+    """
+    if _numeric(values):
+        numbers = np.array([np.nan if v is None else v for v in values], float)
+        if not np.isnan(numbers).any():
+            return numbers, None, None
+        low, high = np.nanmin(numbers), np.nanmax(numbers)
+        null_at = low - 0.15 * ((high - low) or 1.0)
+        return np.where(np.isnan(numbers), null_at, numbers), None, null_at
+    labels = sorted({_label(v) for v in values})
+    index = {label: i for i, label in enumerate(labels)}
+    jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else np.zeros(1)
+    return np.array([index[_label(v)] for v in values]) + jitter, labels, None
+
+
+def _label(value: Any) -> str:
+    return value if isinstance(value, str) else repr(value)
+
+
+def _lr_bands(rows: Sequence[TrialRow]) -> list[tuple[str, list[TrialRow]]]:
+    """The trials in three learning-rate bands (terciles), when there are enough to split."""
+    rates = sorted({float(r.config["learning_rate"]) for r in rows})
+    if len(rates) < 3:
+        return []
+    cuts = np.quantile(rates, [1 / 3, 2 / 3])
+    bands: list[tuple[str, list[TrialRow]]] = []
+    for label, low, high in (
+        (f"lr < {cuts[0]:.2g}", -np.inf, cuts[0]),
+        (f"lr {cuts[0]:.2g} to {cuts[1]:.2g}", cuts[0], cuts[1]),
+        (f"lr >= {cuts[1]:.2g}", cuts[1], np.inf),
+    ):
+        band = [r for r in rows if low <= float(r.config["learning_rate"]) < high]
+        if band:
+            bands.append((label, band))
+    return bands
+
+
+def _title(rows: Sequence[TrialRow]) -> str:
+    diverged = sum(r.status == "diverged" for r in rows)
+    share = f" ({diverged / len(rows):.0%})" if rows else ""
+    return f"{diverged} of {len(rows)} finished trials diverged{share}"

@@ -1,0 +1,154 @@
+"""``tuner report``: a study's trials and stability plots, from its stores alone (no training).
+
+The Optuna storage holds every trial's config, status, steps survived per seed, divergence step
+and validation loss (the user attrs ``tuner.search`` sets). With ``--tracking-uri``, the MLflow
+store adds each divergence's cause (the first non-finite op the forensics named), and the plots
+are attached to the study's latest launch run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner.config import redact
+from tuner.errors import ConfigError, TrackingError
+from tuner.plots import TrialRow, write_plots
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Print the table of ``args.study`` and write its plots into ``args.out_dir``."""
+    console = Console(width=None if Console().is_terminal else 200)
+    study = load_study(args.study, args.storage)
+    rows = study_rows(study)
+    causes = mlflow_causes(args.tracking_uri, args.study) if args.tracking_uri else {}
+    console.print(trials_table(rows, causes))
+    console.print(diverged_line(rows), highlight=False)
+    paths = write_plots(rows, args.out_dir, prefix=f"{args.study}_")
+    if args.tracking_uri:
+        attach_plots(args.tracking_uri, args.study, paths)
+    console.print("plots: " + ", ".join(str(p) for p in paths), highlight=False)
+    return 0
+
+
+def load_study(name: str, storage: str) -> Any:
+    """The study ``name`` in ``storage``, never creating either.
+
+    Raises:
+        ConfigError: the storage or the study does not exist.
+    """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).is_file():
+        raise ConfigError(f"--storage {redact(storage)}: no such database file")
+    try:
+        names = optuna.study.get_all_study_names(storage=storage)
+    except Exception as exc:  # a bad URL or an unreachable server
+        raise ConfigError(f"--storage {redact(storage)}: cannot open the Optuna storage: {exc}") from exc
+    if name not in names:
+        raise ConfigError(f"--study {name!r}: no such study in {redact(storage)}; studies there: {sorted(names)}")
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def study_rows(study: Any) -> list[TrialRow]:
+    """The study's finished trials (those tuner recorded), in trial order."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        attrs = t.user_attrs
+        if not t.state.is_finished() or "config" not in attrs:
+            continue
+        rows.append(TrialRow(
+            number=t.number, status=str(attrs.get("status", t.state.name.lower())), config=attrs["config"],
+            steps_survived=tuple(attrs.get("steps_survived", ())), steps=int(attrs.get("steps", 0)),
+            divergence_step=attrs.get("divergence_step"), diverged_on=attrs.get("diverged_on"),
+            val_loss=attrs.get("val_loss"), run_id=attrs.get("mlflow_run_id"),
+        ))
+    return rows
+
+
+def mlflow_causes(uri: str, experiment: str) -> dict[str, str]:
+    """Run id -> the divergence cause its tags name (first non-finite op, or the bad samples)."""
+    client = _client(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return {}
+    runs = client.search_runs([found.experiment_id], max_results=5000)
+    return {r.info.run_id: cause for r in runs if (cause := cause_text(r.data.tags))}
+
+
+def cause_text(tags: Mapping[str, str]) -> str:
+    """One phrase from a trial run's forensics tags ("" without them)."""
+    if tags.get("divergence_cause") == "data":
+        return f"data: non-finite sample(s) {tags.get('bad_samples', '?')}"
+    op = tags.get("first_nonfinite_op")
+    if op is None:
+        return tags.get("forensics_note", "")
+    where = [tags.get("first_nonfinite_kind", "")]
+    if "first_nonfinite_iteration" in tags:
+        where.append(f"iteration {tags['first_nonfinite_iteration']}")
+    return f"{op} ({', '.join(w for w in where if w)})"
+
+
+def trials_table(rows: Sequence[TrialRow], causes: Mapping[str, str]) -> Table:
+    """Config, status, steps survived, divergence cause and validation loss of each trial."""
+    table = Table(title="trials")
+    for column in ("trial", "status", "steps survived", "divergence", "val loss", "config"):
+        table.add_column(column)
+    shown = _varying(rows)
+    for r in rows:
+        divergence = ""
+        if r.divergence_step is not None:
+            divergence = f"step {r.divergence_step}: {r.diverged_on}"
+            cause = causes.get(r.run_id or "")
+            divergence += f"; {cause}" if cause else ""
+        val = "" if r.val_loss is None or not math.isfinite(r.val_loss) else f"{r.val_loss:.4g}"
+        config = " ".join(f"{k}={_short(r.config.get(k))}" for k in shown)
+        steps = ",".join(map(str, r.steps_survived)) + (f" / {r.steps}" if r.steps else "")
+        table.add_row(str(r.number), r.status, steps, divergence, val, config)
+    return table
+
+
+def diverged_line(rows: Sequence[TrialRow]) -> str:
+    """The fraction of finished trials that diverged."""
+    done = [r for r in rows if r.status in ("survived", "diverged")]
+    diverged = sum(r.status == "diverged" for r in done)
+    share = f" ({diverged / len(done):.0%})" if done else ""
+    return f"{diverged} of {len(done)} finished trials diverged{share}; {len(rows) - len(done)} failed"
+
+
+def attach_plots(uri: str, experiment: str, paths: Sequence[Path]) -> None:
+    """Log the plots on the study's latest launch run."""
+    client = _client(uri)
+    found = client.get_experiment_by_name(experiment)
+    parents = [] if found is None else client.search_runs(
+        [found.experiment_id], filter_string="tags.`tuner.role` = 'study'",
+        order_by=["attributes.start_time DESC"], max_results=1,
+    )
+    if not parents:
+        raise TrackingError(f"no launch run of study {experiment!r} in {redact(uri)} to attach the plots to")
+    for path in paths:
+        client.log_artifact(parents[0].info.run_id, str(path))
+
+
+def _client(uri: str) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _varying(rows: Sequence[TrialRow]) -> list[str]:
+    """learning_rate, then the knobs whose value differs between trials."""
+    keys = list(rows[0].config) if rows else []
+    varying = [k for k in keys if k != "learning_rate" and len({repr(r.config.get(k)) for r in rows}) > 1]
+    return ["learning_rate", *varying] if "learning_rate" in keys else varying
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
