@@ -5,6 +5,7 @@ and an MLflow server that goes away mid-study. Each launch is a subprocess, as a
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -109,6 +110,8 @@ def test_cluster_runs_execute_on_both_nodes(cluster: RayNodes, tmp_path: Path) -
     assert len(nodes) == 2  # one slot per node: the two seeds of a trial run on different nodes
     runs = mlflow_runs(f"sqlite:///{tmp_path / 'm.db'}")
     assert {n for r in runs.values() for n in r.data.tags["node_ids"].split(",")} == nodes
+    per_run = {r.data.tags[f"seed{s}.node_id"] for r in runs.values() for s in (0, 1)}
+    assert per_run == nodes  # each seed run's node, as a tag
 
 
 def test_cluster_killed_driver_then_same_command_continues(cluster: RayNodes, tmp_path: Path) -> None:
@@ -149,6 +152,24 @@ def test_cluster_tracking_server_down_mid_study_loses_nothing(cluster: RayNodes,
         assert all("seed0/steps_survived" in r.data.metrics for r in history.values())
     finally:
         kill_group(server)
+
+
+def worker_pids() -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if "ray::TrialWorker" in line]
+
+
+def test_cluster_random_worker_killed_mid_study_every_trial_terminal(cluster: RayNodes, tmp_path: Path) -> None:
+    driver = start_tuner(launch_args(tmp_path, cluster.address, trials=3, steps=2000), tmp_path)
+    wait_until(lambda: running(tmp_path))
+    time.sleep(3)
+    victim = random.choice(worker_pids())
+    os.kill(victim, signal.SIGKILL)
+    output, _ = driver.communicate(timeout=400)
+    assert driver.returncode == 0, output[-3000:]
+    assert "worker died" in output
+    trials = check_terminal(tmp_path, f"sqlite:///{tmp_path / 'm.db'}", 3)
+    assert len(trials) == 3 and all(t.state.is_finished() for t in trials)
 
 
 def test_cluster_lost_node_runs_are_retried_and_study_finishes(cluster: RayNodes, tmp_path: Path) -> None:

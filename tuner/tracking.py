@@ -207,9 +207,10 @@ def outcome_tags(outcome: TrialOutcome) -> dict[str, str]:
         tags.update(forensics_tags(first.forensics))
     if outcome.reason:
         tags["reason"] = outcome.reason[:5000]
-    nodes = sorted({str(r.info["node_id"]) for r in outcome.seeds if r.info.get("node_id")})
+    nodes = {r.seed: str(r.info["node_id"]) for r in outcome.seeds if r.info.get("node_id")}
+    tags.update({f"seed{seed}.node_id": node for seed, node in nodes.items()})
     if nodes:
-        tags["node_ids"] = ",".join(nodes)
+        tags["node_ids"] = ",".join(sorted(set(nodes.values())))
     return tags
 
 
