@@ -17,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tuner.errors import ConfigError
 
-SPACES_DIR = Path(__file__).resolve().parent.parent / "search_spaces"
+def _spaces_dir() -> Path:
+    """The shipped search spaces: the repo's folder, or their copy inside an installed wheel."""
+    repo = Path(__file__).resolve().parent.parent / "search_spaces"
+    return repo if repo.is_dir() else Path(__file__).resolve().parent / "search_spaces"
+
+
+SPACES_DIR = _spaces_dir()
 
 
 class LaunchConfig(BaseModel):

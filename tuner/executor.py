@@ -65,7 +65,7 @@ class RayExecutor:
         self.config = config
         self._owns_ray = _connect(config)
         self.slots = _slots(config)
-        self._actor_class = ray.remote(TrialWorker).options(  # type: ignore[attr-defined]
+        self._actor_class: Any = ray.remote(TrialWorker).options(
             num_cpus=config.cpus_per_trial, num_gpus=config.gpus_per_trial,
             max_restarts=0, max_task_retries=0,
         )

@@ -63,6 +63,7 @@ class Param:
             return trial.suggest_categorical(self.name, list(self.choices))
         # both parts are always suggested, so the space stays static for multivariate TPE
         use = trial.suggest_categorical(f"use_{self.name}", [True, False]) if self.nullable else True
+        assert self.low is not None and self.high is not None  # a range always has both (see _range)
         if self.knob.kind == "int":
             number: Any = trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
         else:
