@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.cluster import start_cluster
 from tests.conftest import FIXTURES, ROOT, run_tuner
 from tuner.errors import ModelError
 from tuner.models import SHIPPED_ENV, load_model, runtime_env
@@ -40,9 +35,12 @@ def finished_states(storage: str, study: str) -> list[str]:
     return [t.state.name for t in optuna.load_study(study_name=study, storage=storage).trials]
 
 
-def test_runtime_env_ships_a_model_file_and_names_it_for_the_workers() -> None:
+def test_runtime_env_ships_a_model_file_and_names_it_for_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     env = runtime_env(f"{EXAMPLE}:MyIteratedModel")
     assert env == {"py_modules": [str(EXAMPLE)], "env_vars": {SHIPPED_ENV: str(EXAMPLE)}}
+    monkeypatch.chdir(ROOT)  # a relative spec: Ray gets the file, the workers get the spec as typed
+    env = runtime_env("examples/my_iterated_model.py:MyIteratedModel")
+    assert env == {"py_modules": [str(EXAMPLE)], "env_vars": {SHIPPED_ENV: "examples/my_iterated_model.py"}}
     assert runtime_env("iterated_mlp") == {} and runtime_env("tuner.models.iterated_mlp:IteratedMLP") == {}
 
 
@@ -93,71 +91,21 @@ def test_launch_the_example_model_end_to_end(tmp_path: Path) -> None:
     assert {"learning_rate", "clip_norm", "max_iter", "bn_order", "epsilon", "input_clip"} <= set(config)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _ray_start(args: list[str], env: dict[str, str]) -> int:
-    """Run ``ray start ARGS`` in a new process group; return the group's id (its Ray processes)."""
-    ray = str(Path(sys.executable).with_name("ray"))
-    proc = subprocess.Popen([ray, "start", *args, "--disable-usage-stats"], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = proc.communicate(timeout=120)
-    if proc.returncode != 0:
-        _stop_group(proc.pid)
-        pytest.fail(f"ray start {' '.join(args)} failed:\n{out[-3000:]}")
-    return proc.pid
-
-
-def _stop_group(pgid: int) -> None:
-    """Stop the Ray processes of one ``ray start`` (its process group only, not other clusters)."""
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
-
-
 @pytest.fixture
-def two_node_cluster(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A head node (no CPU: it hosts no trial) and a worker node (1 CPU) started with ``ray start``.
+def two_node_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    """A head node with no CPU (it hosts no trial) and a worker node with 1 CPU, by ``ray start``.
 
-    Both run on this machine, under a private Ray temp dir, so other Ray clusters here neither see
-    this one (``ray.init()`` looks for the latest ``ray start`` under /tmp/ray) nor get stopped
-    with it. Yields the head's address and the log that the test model's imports write to.
+    Yields the head's address and the log that the test model's imports write to: the nodes'
+    processes (and so the workers) have ``TUNER_TEST_IMPORT_LOG``; the driver started later has not.
     """
-    from tuner.executor import _ensure_token
-
-    _ensure_token()  # token auth on, as for tuner's own clusters
-    temp = tempfile.mkdtemp(prefix="tr", dir="/tmp")  # short: Ray's socket paths live under it
     log = tmp_path / "imports.log"
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "TUNER_TEST_IMPORT_LOG": str(log)}
-    port = _free_port()
-    groups: list[int] = []
+    monkeypatch.setenv("TUNER_TEST_IMPORT_LOG", str(log))
+    nodes = start_cluster(head_cpus=0, workers=1, worker_cpus=1)
+    monkeypatch.delenv("TUNER_TEST_IMPORT_LOG")
     try:
-        groups.append(_ray_start([
-            "--head", "--port", str(port), "--num-cpus", "0", "--num-gpus", "0", "--include-dashboard=false",
-            "--temp-dir", temp, "--ray-client-server-port", str(_free_port()),
-            "--dashboard-agent-listen-port", str(_free_port()),
-        ], env))
-        groups.append(_ray_start([
-            f"--address=127.0.0.1:{port}", "--num-cpus", "1", "--num-gpus", "0",
-            "--dashboard-agent-listen-port", str(_free_port()),
-        ], env))
-        yield f"127.0.0.1:{port}", log
+        yield nodes.address, log
     finally:
-        for pgid in reversed(groups):
-            _stop_group(pgid)
-        shutil.rmtree(temp, ignore_errors=True)
+        nodes.stop()
 
 
 @pytest.mark.slow

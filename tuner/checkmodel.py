@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from tuner.config import prepare_environment
-from tuner.errors import ModelError
+from tuner.errors import ConfigError, ModelError
 from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code_error
 from tuner.records import RunSpec, RunStatus, TrainConfig
 from tuner.spaces import TUNER_KNOBS
@@ -59,6 +59,8 @@ def run_check(args: argparse.Namespace) -> int:
     Returns:
         0 when every check passed, 2 otherwise.
     """
+    if args.steps < 1:
+        raise ConfigError(f"--steps {args.steps}: check-model trains at least 1 step")
     prepare_environment()
     print(f"checking model {args.spec!r} against tuner's model contract (docs/models.md)", flush=True)
     failed = total = 0
@@ -79,7 +81,7 @@ def check_model(spec: str, steps: int) -> Iterator[Check]:
         yield Check("contract", False, str(exc))
         return
     yield Check("contract", True, f"{_qualname(model)}: knobs ({len(model.knobs)}), build and data")
-    yield _knob_names(model)
+    yield _knob_names(model, spec)
     probe = Probe(model, spec)
     for blocking in (probe.data_check, probe.build_check, probe.loss_check):
         check = blocking()
@@ -97,10 +99,10 @@ def _qualname(model: Model) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _knob_names(model: Model) -> Check:
+def _knob_names(model: Model, spec: str) -> Check:
     clash = sorted(set(model.knobs) & set(TUNER_KNOBS))
     if clash:
-        return Check("knob names", False, f"knob(s) {clash} take the name of tuner's own knobs "
+        return Check("knob names", False, f"model {spec!r}: knob(s) {clash} take the name of tuner's own knobs "
                      f"{sorted(TUNER_KNOBS)}, which tuner applies itself: rename them")
     return Check("knob names", True, f"{sorted(model.knobs)}; none is one of tuner's own knobs")
 
@@ -287,8 +289,8 @@ def alternatives(knob: Knob) -> list[Any]:
     elif knob.kind == "categorical":
         values = list(knob.choices)
     else:
-        cast = int if knob.kind == "int" else float
-        values = [cast(knob.high), cast(knob.low)]
+        bounds = [b for b in (knob.high, knob.low) if b is not None]  # a number knob has both
+        values = [int(b) if knob.kind == "int" else float(b) for b in bounds]
     if knob.nullable:
         values.append(None)
     unique: list[Any] = []

@@ -22,6 +22,7 @@ import os
 import sys
 import sysconfig
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ SHIPPED_ENV = "TUNER_SHIPPED_MODEL"
 
 # contract member -> what to add when it is missing
 CONTRACT: dict[str, str] = {
-    "knobs": "a dict of name -> tuner.models.Knob (a class attribute `knobs = {...}`)",
+    "knobs": "a mapping of name -> tuner.models.Knob (a class attribute `knobs = {...}`)",
     "build": "a method `build(self, knobs) -> ModelGraph`",
     "data": "a method `data(self, knobs) -> Dataset`",
 }
@@ -103,7 +104,7 @@ def check_contract(model: object, spec: str) -> None:
         if not callable(getattr(model, member)):
             raise ModelError(f"model {spec!r}: {member} must be {CONTRACT[member]}")
     knobs = model.knobs  # type: ignore[attr-defined]
-    if not isinstance(knobs, dict) or not all(isinstance(k, Knob) for k in knobs.values()):
+    if not isinstance(knobs, Mapping) or not all(isinstance(k, Knob) for k in knobs.values()):
         raise ModelError(f"model {spec!r}: knobs must be {CONTRACT['knobs']}")
 
 

@@ -14,14 +14,26 @@ A model is any object with three members (see :class:`Model`):
 ``data(knobs)``
     Returns a :class:`Dataset`: training and validation arrays (numpy), one per placeholder, and
     a batch size. The trial seed picks the batch order; the arrays themselves do not depend on it.
+    By convention the **last** array of each split is the label and the others are inputs. The
+    data preflight (``tuner.preflight``) checks the data once, in the driver, as made with the
+    space's fixed knobs (else the defaults), and the samples it flags are left out by index in
+    every trial: so which samples there are, and their order, must not depend on the knobs.
 
 What tuner adds on top of ``build`` (``tuner.train``): Adam at the trial's learning rate (with an
 optional exponential decay), an L2 term ``l2_weight * sum(l2_loss(w))`` over every trainable
 variable of rank >= 2 (kernels, not biases or BatchNorm scales), global-norm gradient clipping,
 and a check of the loss, the unclipped global gradient norm and the updated weights on every step.
 
+Name scopes make telemetry and forensics readable: build a loop's iteration ``k`` under an
+``iter_<k>`` scope and each layer under a scope of its own (``iter_3/layer2/MatMul``); the
+forensics of a divergence reads the layer and loop iteration of the first non-finite op from them.
+
 A model's module must not import TensorFlow at import time (import it inside ``build``): the
-driver loads models to read their knobs and must stay free of TensorFlow.
+driver loads models to read their knobs and must stay free of TensorFlow. Every trainable variable
+must get a gradient from the loss, and every knob should change the graph, the data or the loss.
+
+``python -m tuner check-model SPEC`` checks a model against this contract; ``docs/models.md``
+walks through porting a TF1 model to it.
 """
 
 from __future__ import annotations
@@ -107,7 +119,8 @@ class ModelGraph:
         inputs: placeholders, fed with the dataset's arrays in the same order.
         loss: scalar training loss (before tuner's L2 term).
         val_loss: scalar validation loss; None means ``loss`` evaluated on the validation arrays.
-        watch: named tensors whose largest absolute value is reported as telemetry.
+        watch: named tensors whose largest absolute value is reported as telemetry on every
+            report step, under the given name (``iter_3/input_absmax``).
     """
 
     inputs: Sequence[Any]
@@ -120,8 +133,11 @@ class ModelGraph:
 class Dataset:
     """Training and validation arrays, one per placeholder, and the batch size.
 
-    ``label_range`` (inclusive) lets the preflight flag labels that cannot be right (a negative
-    count); ``input_range`` flags inputs outside what the model expects (unscaled pixels).
+    One sample per row of each array's first axis. The last array of each split is the label, the
+    others are inputs: the data preflight checks them that way. ``label_range`` (inclusive) lets
+    the preflight flag labels that cannot be right (a negative count). ``input_range`` (inclusive)
+    is the range of the input arrays as the model expects them to be fed, so values beyond it are
+    unscaled input (16-bit pixels where 0..255 is expected; 0..255 where [0, 1] is expected).
     """
 
     train: tuple[np.ndarray, ...]
