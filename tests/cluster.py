@@ -7,6 +7,7 @@ that node (its raylet, and the GCS for the head) and nothing else, so tests neve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -52,10 +53,8 @@ def _start(args: list[str]) -> subprocess.Popen[bytes]:
 
 def kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL a process started in its own session, with everything in its group."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait(30)
 
 
