@@ -89,12 +89,17 @@ class RayExecutor:
         self._dispatch()
 
     def cancel(self, trial: int) -> None:
-        """Cancel the queued and running seed runs of ``trial`` (each ends CANCELLED)."""
+        """Cancel the queued and running seed runs of ``trial`` (each ends CANCELLED).
+
+        A run that has already streamed its divergence is left to send its final record.
+        """
         for spec in [s for s in self._queue if s.trial == trial]:
             self._queue.remove(spec)
             self._out.append(_ended(spec, RunStatus.CANCELLED, "cancelled before it started"))
         for gen, (spec, _) in self._running.items():
-            if spec.trial == trial:
+            last = self._last.get(gen)
+            diverged = last is not None and last.status is RunStatus.DIVERGED  # finishing its forensics
+            if spec.trial == trial and not diverged:
                 ray.cancel(gen)
 
     def poll(self, timeout: float) -> list[RunRecord]:

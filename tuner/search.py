@@ -138,13 +138,14 @@ class Search:
             return
         for cb in self.callbacks:
             cb.on_trial_result(record)
+        if record.status in (RunStatus.DIVERGED, RunStatus.FAILED) and not active.cancelled:
+            active.cancelled = True  # one unstable seed makes the config unstable: stop the others now
+            self.executor.cancel(record.trial)
         if not record.final:
-            self._report_progress(active, record)
+            if record.status is RunStatus.RUNNING:
+                self._report_progress(active, record)
             return
         active.finals[record.seed] = record
-        if record.status in (RunStatus.DIVERGED, RunStatus.FAILED) and not active.cancelled:
-            active.cancelled = True
-            self.executor.cancel(record.trial)
         if len(active.finals) == self.budget.seeds:
             self._finish(active)
 
