@@ -3,14 +3,14 @@
 When a seed run diverges at step ``s``, :func:`investigate` first looks at the batch of step
 ``s``: a non-finite input or label attributes the divergence to the data, with the samples'
 indices. Otherwise it replays step ``s``: a fresh graph built from the same config and seed
-(``tuner.train.build``), every variable loaded from the snapshot of the last report step ``r``,
-steps ``r+1 .. s-1`` run as in training, then step ``s`` run with a numeric check on the output of
-every op the train step runs (each output fetched and checked for NaN/Inf). The first op in graph
-order (a topological order) whose output is non-finite while its inputs are finite is where the
-divergence started. ``tf.compat.v1.add_check_numerics_ops`` is not used: it stops at whichever
-failing check the executor happens to run first, which need not be the first op in dataflow
-order. Normal training runs no numeric checks at all; the replay costs one graph build and at
-most ``report_every`` steps, once per diverged run.
+(``tuner.train.build``), every variable loaded from the snapshot of the last report step ``r``
+(or of the initial values), steps ``r+1 .. s-1`` run as in training, then step ``s`` run with a
+numeric check on the output of every op the train step runs (each output fetched and checked for
+NaN/Inf). The first op in graph order (a topological order) whose output is non-finite while its
+inputs are finite is where the divergence started. ``tf.compat.v1.add_check_numerics_ops`` is not
+used: it stops at whichever failing check the executor happens to run first, which need not be
+the first op in dataflow order. Normal training runs no numeric checks at all; the replay costs
+one graph build and at most ``report_every`` steps, once per diverged run.
 
 Names come from name scopes: ``iter_3/recompute_input/Log`` is a ``Log`` in layer
 ``recompute_input`` of loop iteration 3, in the forward pass. ``gradients/...`` is the backward
@@ -43,7 +43,6 @@ _BACKWARD = ("gradients/", "global_norm/", "clip_by_global_norm/")
 
 def investigate(model: Model, stepper: Stepper, step: int, sample_ids: Sequence[int] | None = None) -> Forensics:
     """Find where the divergence at ``step`` started (see the module docs); never raises."""
-    context = {"report_points": tuple(stepper.telemetry.points), "last_steps": stepper.telemetry.last_steps()}
     names = [t.op.name for t in stepper.built.model.inputs]
     found = data_fault(stepper.data, stepper.spec, step, names, sample_ids)
     if found is None:
@@ -51,7 +50,8 @@ def investigate(model: Model, stepper: Stepper, step: int, sample_ids: Sequence[
             found = replay(model, stepper.data, stepper.spec, stepper.snapshot, step)
         except Exception as exc:  # forensics must never turn a divergence into a failure
             found = Forensics(step, note=f"the replay failed: {type(exc).__name__}: {exc}")
-    return replace(found, **context)
+    telemetry = stepper.telemetry
+    return replace(found, report_points=tuple(telemetry.points), last_steps=telemetry.last_steps())
 
 
 def data_fault(
@@ -96,7 +96,7 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
 
     with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as sess:
         sess.run(tf1.global_variables_initializer())
-        sess.run(load, {feeds[name]: value for name, value in snapshot.values.items()})
+        sess.run(load, {feeds[name]: value for name, value in snapshot.values().items()})
         for k in range(snapshot.step + 1, step):
             weights_ok, loss, gnorm = sess.run(built.train_fetches, feed(k))
             if not (weights_ok and np.isfinite(loss) and np.isfinite(gnorm)):

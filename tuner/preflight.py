@@ -154,7 +154,7 @@ def _outside(rows: np.ndarray, bounds: tuple[float, float], what: str) -> tuple[
     low, high = bounds
     with np.errstate(invalid="ignore"):
         finite = np.where(np.isfinite(rows), rows, (low + high) / 2)
-    mask = ((finite < low) | (finite > high)).any(axis=1)
+    mask = np.asarray(((finite < low) | (finite > high)).any(axis=1))
     seen = []
     if mask.any() and finite[mask].min() < low:
         seen.append(f"down to {finite[mask].min():g}")

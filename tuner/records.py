@@ -148,7 +148,8 @@ class RunRecord:
 
     ``step`` is 1-based: step k is the k-th training step. For a diverged run, ``step`` is the
     divergence step (the first step with a non-finite value) and ``steps_survived`` is
-    ``step - 1``.
+    ``step - 1``. A progress record's ``metrics`` are the telemetry of its step; a final record's
+    are the run's summary, and a diverged run's final record carries its ``forensics``.
     """
 
     trial: int

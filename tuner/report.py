@@ -74,13 +74,18 @@ def study_rows(study: Any) -> list[TrialRow]:
 
 
 def mlflow_causes(uri: str, experiment: str) -> dict[str, str]:
-    """Run id -> the divergence cause its tags name (first non-finite op, or the bad samples)."""
+    """Run id, and ``trial:<number>``, -> the divergence cause the run's tags name."""
     client = _client(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return {}
-    runs = client.search_runs([found.experiment_id], max_results=5000)
-    return {r.info.run_id: cause for r in runs if (cause := cause_text(r.data.tags))}
+    causes = {}
+    for run in client.search_runs([found.experiment_id], max_results=5000):
+        cause = cause_text(run.data.tags)
+        if cause:
+            causes[run.info.run_id] = cause
+            causes[f"trial:{run.data.tags.get('trial')}"] = cause
+    return causes
 
 
 def cause_text(tags: Mapping[str, str]) -> str:
@@ -106,7 +111,7 @@ def trials_table(rows: Sequence[TrialRow], causes: Mapping[str, str]) -> Table:
         divergence = ""
         if r.divergence_step is not None:
             divergence = f"step {r.divergence_step}: {r.diverged_on}"
-            cause = causes.get(r.run_id or "")
+            cause = causes.get(r.run_id or "") or causes.get(f"trial:{r.number}")
             divergence += f"; {cause}" if cause else ""
         val = "" if r.val_loss is None or not math.isfinite(r.val_loss) else f"{r.val_loss:.4g}"
         config = " ".join(f"{k}={_short(r.config.get(k))}" for k in shown)

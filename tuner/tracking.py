@@ -15,6 +15,7 @@ forensics of its first divergence as tags (``first_nonfinite_op``, ``first_nonfi
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -58,13 +59,15 @@ class Tracker:
                 "MLFLOW_TRACKING_URI, or pass --no-tracking to run without MLflow"
             ) from exc
         self._runs: dict[int, str] = {}  # trial number -> child run id
-        self._ops: deque[Callable[[], None]] = deque()
+        self._ops: deque[Callable[[], object]] = deque()
         self._metrics: dict[int, list[Any]] = {}  # trial number -> metrics not yet queued
         self._warned = False
         self._last_flush = time.monotonic()
 
     def run_id(self, number: int) -> str | None:
-        """The child run id of a trial, once MLflow has created it."""
+        """The child run id of a trial (flushing first if its creation is still queued)."""
+        if number not in self._runs:
+            self.flush()
         return self._runs.get(number)
 
     def on_trial_start(self, number: int, config: TrainConfig) -> None:
@@ -191,8 +194,11 @@ class Tracker:
         for number, metrics in self._metrics.items():
             for start in range(0, len(metrics), _BATCH):
                 chunk = metrics[start : start + _BATCH]
-                self._ops.append(lambda n=number, c=chunk: self.client.log_batch(self._runs[n], metrics=c))
+                self._ops.append(functools.partial(self._log_metrics, number, chunk))
         self._metrics = {}
+
+    def _log_metrics(self, number: int, metrics: list[Any]) -> None:
+        self.client.log_batch(self._runs[number], metrics=metrics)
 
 
 def outcome_tags(outcome: TrialOutcome) -> dict[str, str]:

@@ -4,9 +4,9 @@ Only workers import this module (it imports TensorFlow). Every step runs the tra
 the loss, the unclipped global gradient norm and a finiteness flag of the updated weights in the
 same ``session.run``, so the first non-finite value is caught at its exact step at no extra cost.
 A report step (every ``report_every``) fetches more in that same run: the gradient norm of each
-weight and the largest |value| of each watched tensor; then it snapshots every variable (one more
-``session.run``), so a divergence can be replayed from there (``tuner.forensics``). Everything
-else the telemetry reports is Python on the numbers already fetched (``tuner.telemetry``).
+weight, the largest |value| of each watched tensor and a snapshot of every variable after the
+update, so a divergence can be replayed from there (``tuner.forensics``). Everything else the
+telemetry reports is Python on the numbers already fetched (``tuner.telemetry``).
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def build(model: Model, config: TrainConfig, seed: int) -> Built:
             weights_ok = tf.reduce_all(tf.stack(finite))
         val_loss = mg.val_loss if mg.val_loss is not None else mg.loss
         state = tf1.global_variables()
-        reader = StateReader(state)
+        with tf.control_dependencies([train_op]):
+            reader = StateReader(state)  # read after the update, when fetched with the train op
     fetches = (weights_ok, mg.loss, grad_norm)
     return Built(graph, mg, fetches, val_loss, report_names, report_values, state, reader)
 
@@ -91,7 +92,11 @@ def _report_tensors(pairs: list[tuple[Any, Any]], watch: Mapping[str, Any]) -> t
 
 
 class StateReader:
-    """Reads every variable in one fetch per dtype (the variables concatenated, flat), and unpacks them."""
+    """Reads every variable in one fetch per dtype (the variables concatenated, flat), and unpacks them.
+
+    One fetch per variable would cost ~15 us each, every report step; the unpacking waits for a
+    replay.
+    """
 
     def __init__(self, variables: Sequence[Any]) -> None:
         groups: dict[Any, list[Any]] = {}  # dtype (or a variable of unknown shape) -> variables
@@ -208,10 +213,19 @@ def train_run(
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Every global variable (weights, Adam slots, global step) as it was after ``step``."""
+    """Every global variable (weights, Adam slots, global step) as it was after ``step``.
+
+    Kept as fetched (one flat array per dtype, see :class:`StateReader`), unpacked only for a
+    replay; the snapshot of step 0 (after init) is read variable by variable, once.
+    """
 
     step: int
-    values: Mapping[str, np.ndarray]  # variable name -> value
+    raw: tuple[np.ndarray, ...]
+    unpack: Callable[[Sequence[np.ndarray]], dict[str, np.ndarray]]
+
+    def values(self) -> dict[str, np.ndarray]:
+        """Variable name -> value."""
+        return self.unpack(self.raw)
 
 
 class Stepper:
@@ -226,7 +240,9 @@ class Stepper:
     def __init__(self, sess: Any, built: Built, data: Dataset, spec: RunSpec) -> None:
         self.sess, self.built, self.data, self.spec = sess, built, data, spec
         self.telemetry = Telemetry(spec.config.clip_norm)
-        self.snapshot = self._snapshot(0)
+        names = [v.name for v in built.state]
+        initial = tuple(np.array(x, copy=True) for x in sess.run(built.state))
+        self.snapshot = Snapshot(0, initial, lambda raw: dict(zip(names, raw, strict=True)))
         self.metrics: dict[str, float] = {}
 
     def feed_arrays(self, arrays: Sequence[np.ndarray]) -> dict[Any, np.ndarray]:
@@ -242,8 +258,9 @@ class Stepper:
         feed = self.feed_arrays(self.data.batch(step, self.spec.seed))
         report = self.is_report(step)
         if report:
-            (weights_ok, loss, gnorm), values = self.sess.run(
-                (self.built.train_fetches, self.built.report_values), feed
+            reader = self.built.state_reader
+            (weights_ok, loss, gnorm), values, raw = self.sess.run(
+                (self.built.train_fetches, self.built.report_values, reader.fetches), feed
             )
         else:
             weights_ok, loss, gnorm = self.sess.run(self.built.train_fetches, feed)
@@ -253,12 +270,8 @@ class Stepper:
             self.telemetry.add(step, loss, gnorm)
             if report:
                 self.metrics = self.telemetry.report(step, dict(zip(self.built.report_names, values, strict=True)))
-                self.snapshot = self._snapshot(step)
+                self.snapshot = Snapshot(step, tuple(raw), reader.unpack)
         return cause
-
-    def _snapshot(self, step: int) -> Snapshot:
-        reader = self.built.state_reader
-        return Snapshot(step, reader.unpack(self.sess.run(reader.fetches)))
 
 
 def _investigate(

@@ -1,0 +1,115 @@
+"""Divergence forensics: the replay names the first non-finite op, its pass, layer and iteration."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+
+from planted import Planted
+
+from tuner.records import DivergedOn, NonFiniteKind, RunSpec, RunStatus, TrainConfig
+
+pytestmark = pytest.mark.tf
+
+
+def diverge(knobs: dict, steps: int = 60, report_every: int = 10, learning_rate: float = 1e-2):
+    """Train the planted model until it diverges; return the final record."""
+    from tuner.train import train_run
+
+    model = Planted()
+    knobs = {k: v.default for k, v in model.knobs.items()} | knobs
+    spec = RunSpec(0, 0, "planted", TrainConfig(learning_rate, knobs=knobs), steps, report_every)
+    final = list(train_run(model, model.data(knobs), spec))[-1]
+    assert final.status is RunStatus.DIVERGED and final.forensics is not None
+    return final
+
+
+@pytest.mark.parametrize("bad_step", [1, 30, 37])
+def test_forensics_names_forward_log_at_planted_step(bad_step: int) -> None:
+    final = diverge({"fault": "log", "bad_step": bad_step})
+    found = final.forensics
+    assert (final.step, final.diverged_on) == (bad_step, DivergedOn.LOSS)
+    assert (found.step, found.op, found.op_type) == (bad_step, "iter_1/hazard/Log", "Log")
+    assert (found.kind, found.layer, found.iteration) == (NonFiniteKind.FORWARD, "hazard", 1)
+    assert found.replayed_from == (bad_step - 1) // 10 * 10  # the last report step before it
+    assert found.nonfinite_ops[0] == "iter_1/hazard/Log" and not found.note
+
+
+def test_forensics_names_backward_op_when_forward_stays_finite() -> None:
+    final = diverge({"fault": "sqrt", "bad_step": 23})
+    found = final.forensics
+    assert (final.step, final.diverged_on) == (23, DivergedOn.GRADIENT)
+    assert (found.op, found.op_type) == ("gradients/iter_1/hazard/Sqrt_grad/SqrtGrad", "SqrtGrad")
+    assert (found.kind, found.layer, found.iteration) == (NonFiniteKind.BACKWARD, "hazard", 1)
+    assert found.forward_op == "iter_1/hazard/Sqrt"
+
+
+def test_forensics_names_optimizer_update_that_overflows_a_weight() -> None:
+    final = diverge({"fault": "weight"}, learning_rate=3e38)
+    found = final.forensics
+    assert (final.step, final.diverged_on) == (2, DivergedOn.WEIGHT)
+    assert (found.kind, found.op_type) == (NonFiniteKind.UPDATE, "ResourceApplyAdam")
+    assert found.op == "Adam/update_w/ResourceApplyAdam"
+
+
+def test_forensics_attributes_nonfinite_batch_to_data_without_replay() -> None:
+    found = diverge({"fault": "loss", "bad_step": 12}).forensics
+    assert (found.kind, found.op, found.samples) == (NonFiniteKind.DATA, "x", (0,))
+    assert found.replayed_from is None
+
+
+def test_forensics_keeps_report_points_and_last_steps_before_divergence() -> None:
+    found = diverge({"fault": "log", "bad_step": 57}, steps=80, report_every=5).forensics
+    assert [p["step"] for p in found.report_points] == list(range(5, 56, 5))
+    assert {"loss", "grad_norm", "clip_fraction", "grad_norm/w"} <= set(found.report_points[-1])
+    assert [s[0] for s in found.last_steps] == list(range(7, 57))  # the last 50 finite steps
+    doc = found.to_dict()
+    assert doc["kind"] == "forward" and doc["report_points"][0]["step"] == 5.0
+
+
+def test_forensics_data_attribution_maps_counting_cnn_nan_labels_to_sample_indices() -> None:
+    from tuner.models.counting_cnn import CountingCNN
+    from tuner.models.data import Faults
+    from tuner.train import train_run
+
+    model = CountingCNN(faults=Faults(nan_labels=0.02), train_size=256, val_size=32)
+    knobs = {k: v.default for k, v in model.knobs.items()} | {"loss": "mse", "batch_size": 16}
+    data = model.data(knobs)
+    nan = set(np.flatnonzero(np.isnan(data.train[1])))
+    first = next(s for s in range(1, 100) if nan & set(data.batch_indices(s, 3)))
+    spec = RunSpec(0, 3, "counting_cnn", TrainConfig(1e-3, knobs=knobs), 100, 10)
+    final = list(train_run(model, data, spec))[-1]
+    assert final.step == first and final.forensics.kind is NonFiniteKind.DATA
+    assert final.forensics.op == "counts"
+    assert set(final.forensics.samples) == nan & set(data.batch_indices(first, 3))
+
+
+def test_locate_reads_layer_iteration_and_forward_op_from_scopes() -> None:
+    from tuner.forensics import locate
+
+    assert locate("gradients/iter_3/recompute_input/Log_grad/Reciprocal") == (
+        "recompute_input", 3, "iter_3/recompute_input/Log")
+    assert locate("iter_12/layer2/batchnorm/Rsqrt") == ("layer2", 12, None)
+    assert locate("conv1/Conv2D") == ("conv1", None, None)
+    assert locate("Mean") == (None, None, None)
+
+
+@pytest.mark.slow
+def test_forensics_finds_origin_of_real_iterated_mlp_divergence() -> None:
+    """max_iter 4 at a high rate diverges within a few steps; the replay must reproduce it."""
+    from tuner.models.iterated_mlp import IteratedMLP
+    from tuner.train import train_run
+
+    model = IteratedMLP()
+    knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 4}
+    spec = RunSpec(0, 0, "iterated_mlp", TrainConfig(1e-2, knobs=knobs), 100, 25)
+    final = list(train_run(model, model.data(knobs), spec))[-1]
+    found = final.forensics
+    assert final.status is RunStatus.DIVERGED and not found.note
+    assert found.op is not None and found.op.startswith(f"iter_{found.iteration}/")
+    assert found.kind is NonFiniteKind.FORWARD and found.layer == "recompute_input"
