@@ -36,6 +36,8 @@ class FakeExecutor:
         self.running: dict[tuple[int, int], deque[RunRecord]] = {}
         self.cancelled: list[int] = []
         self.submitted: list[RunSpec] = []
+        self.delivered: list[RunRecord] = []
+        self.finals_before_cancel: list[RunRecord] = []
 
     def free(self) -> int:
         return self.slots - len(self.running)
@@ -54,6 +56,8 @@ class FakeExecutor:
             for s in range(spec.report_every, end, spec.report_every)
         ]
         if diverge_at is not None and diverge_at <= spec.steps:
+            out.append(RunRecord(spec.trial, spec.seed, diverge_at, RunStatus.DIVERGED,
+                                 steps_survived=diverge_at - 1, diverged_on=DivergedOn.LOSS))  # the alarm
             out.append(RunRecord(spec.trial, spec.seed, diverge_at, RunStatus.DIVERGED, final=True,
                                  steps_survived=diverge_at - 1, last_finite_loss=0.5,
                                  diverged_on=DivergedOn.LOSS))
@@ -64,6 +68,7 @@ class FakeExecutor:
 
     def cancel(self, trial: int) -> None:
         self.cancelled.append(trial)
+        self.finals_before_cancel = [r for r in self.delivered if r.final and r.trial == trial]
         for key in [k for k in self.running if k[0] == trial]:
             last = self.running[key][0]
             self.running[key] = deque([replace(last, status=RunStatus.CANCELLED, final=True)])
@@ -73,6 +78,7 @@ class FakeExecutor:
         for key in list(self.running):
             record = self.running[key].popleft()
             out.append(record)
+            self.delivered.append(record)
             if record.final:
                 del self.running[key]
         return out
@@ -101,6 +107,7 @@ def test_search_diverged_seed_prunes_trial_and_cancels_siblings() -> None:
     trial = search.study.trials[0]
     assert outcome.state is TrialState.PRUNED and trial.state == optuna.trial.TrialState.PRUNED
     assert executor.cancelled == [0]
+    assert executor.finals_before_cancel == []  # cancelled on the divergence alarm, not the final record
     assert outcome.divergence is not None and outcome.divergence.step == 5  # int(0.5 / 0.1) + seed 0
     assert trial.user_attrs["divergence_step"] == 5
     assert trial.user_attrs["diverged_on"] == "loss"

@@ -192,6 +192,9 @@ def train_run(
         for step in range(1, spec.steps + 1):
             cause = stepper.step(step)
             if cause is not None:
+                # tell the driver at once, so it cancels the sibling seeds while the replay runs
+                yield RunRecord(spec.trial, spec.seed, step, RunStatus.DIVERGED, steps_survived=step - 1,
+                                diverged_on=cause)
                 found = _investigate(model, stepper, step, sample_ids, info)
                 yield _final(spec, telemetry, step, RunStatus.DIVERGED, cause, None, info, found)
                 return
