@@ -71,6 +71,8 @@ class FakeExecutor:
         self.finals_before_cancel = [r for r in self.delivered if r.final and r.trial == trial]
         for key in [k for k in self.running if k[0] == trial]:
             last = self.running[key][0]
+            if last.status is RunStatus.DIVERGED:  # as the real executor: the diverged run finishes
+                continue
             self.running[key] = deque([replace(last, status=RunStatus.CANCELLED, final=True)])
 
     def poll(self, timeout: float) -> list[RunRecord]:
