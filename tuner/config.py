@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tuner.errors import ConfigError
 
+
 def _spaces_dir() -> Path:
     """The shipped search spaces: the repo's folder, or their copy inside an installed wheel."""
     repo = Path(__file__).resolve().parent.parent / "search_spaces"
