@@ -154,16 +154,21 @@ def test_cluster_tracking_server_down_mid_study_loses_nothing(cluster: RayNodes,
         kill_group(server)
 
 
-def worker_pids() -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "ray::TrialWorker" in line]
+def worker_pids(cluster: RayNodes) -> list[int]:
+    """Pids of this cluster's tuner workers: children of a raylet in one of its nodes' groups."""
+    groups = {p.pid for p in [cluster.head, *cluster.workers]}
+    out = subprocess.run(["ps", "-eo", "pid,ppid,pgid,args"], capture_output=True, text=True).stdout
+    rows = [line.split(None, 3) for line in out.splitlines()[1:]]
+    group_of = {int(pid): int(pgid) for pid, _, pgid, _ in rows}
+    return [int(pid) for pid, ppid, _, args in rows
+            if "ray::TrialWorker" in args and group_of.get(int(ppid)) in groups]
 
 
 def test_cluster_random_worker_killed_mid_study_every_trial_terminal(cluster: RayNodes, tmp_path: Path) -> None:
     driver = start_tuner(launch_args(tmp_path, cluster.address, trials=3, steps=2000), tmp_path)
     wait_until(lambda: running(tmp_path))
     time.sleep(3)
-    victim = random.choice(worker_pids())
+    victim = random.choice(worker_pids(cluster))
     os.kill(victim, signal.SIGKILL)
     output, _ = driver.communicate(timeout=400)
     assert driver.returncode == 0, output[-3000:]
