@@ -1,0 +1,228 @@
+"""Shared pieces of the benchmarks: machine facts, tables, medians, and the runs a search did.
+
+A *run* here is one seed run as plain JSON data, so it can cross between processes (the tuner's
+driver, Ray Tune's driver, the bare loop)::
+
+    {"config": {...flat TrainConfig...}, "seed": 0, "steps": 300, "report_every": 25,
+     "stop": 137, "status": "diverged"}
+
+``stop`` is the step at which the tool's run ended (its divergence step, the report step at which
+it was cancelled, or the budget); the bare loop trains the same config and seed up to there.
+
+The benchmark scripts run each measured system in its own subprocess (``run_part``): a fresh
+process per system, as a user would have, and no TensorFlow in a driver.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+MODEL = "iterated_mlp"
+QUIET_LOAD = 0.5  # 1-minute load average under which a machine counts as quiet
+TUNER_KNOB_NAMES = ("learning_rate", "clip_norm", "l2_weight", "lr_decay")
+
+
+def machine() -> dict[str, str]:
+    """The machine and the versions that the figures depend on (TensorFlow is not imported)."""
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions = {name: _version(name) for name in ("tensorflow-cpu", "ray", "optuna", "mlflow")}
+    return {
+        "cpu": f"{cpu}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        **versions,
+    }
+
+
+def _version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "-"
+
+
+def load_average() -> float:
+    """The 1-minute load average."""
+    return os.getloadavg()[0]
+
+
+def print_header(title: str) -> None:
+    """Title, machine, versions and the load now (figures taken above QUIET_LOAD are suspect)."""
+    info = machine()
+    load = load_average()
+    print(f"== {title}")
+    print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
+    note = "quiet" if load < QUIET_LOAD else "UNDER LOAD: timings are contaminated"
+    print(f"load average (1 min) at start: {load:.2f} ({note})")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A plain text table, columns right-aligned except the first."""
+    cells = [[str(h) for h in headers]] + [[fmt(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for n, row in enumerate(cells):
+        parts = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        lines.append("  ".join(parts))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def fmt(value: Any) -> str:
+    """Numbers with 3 significant digits (2 decimals at least for ratios), the rest as str."""
+    if isinstance(value, float):
+        if value != value:
+            return "n/a"
+        return f"{value:.3g}" if abs(value) >= 100 else f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
+    return str(value)
+
+
+def median(values: Sequence[float]) -> float:
+    """The median, NaN for no values."""
+    finite = [v for v in values if v == v]
+    return statistics.median(finite) if finite else float("nan")
+
+
+def tf_import_seconds() -> float:
+    """Wall time of ``python -c "import tensorflow"`` in a fresh process."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True, env=env, capture_output=True)
+    return time.perf_counter() - started
+
+
+def run_part(script: str, args: Sequence[str], timeout: float = 1800) -> dict[str, Any]:
+    """Run ``bench/<script> ARGS --json FILE`` in a fresh process; return what it wrote to FILE."""
+    with tempfile.TemporaryDirectory(prefix="tuner-bench-") as tmp:
+        out = Path(tmp) / "part.json"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run(
+            [sys.executable, str(BENCH / script), *args, "--json", str(out)],
+            env=env, capture_output=True, text=True, timeout=timeout, cwd=tmp,
+        )
+        if done.returncode != 0 or not out.exists():
+            sys.stderr.write(done.stdout[-4000:] + done.stderr[-8000:])
+            raise RuntimeError(f"bench/{script} {' '.join(args)} exited {done.returncode}")
+        return json.loads(out.read_text())
+
+
+def write_json(path: str | None, doc: Mapping[str, Any]) -> None:
+    """Write ``doc`` to ``path`` (a part's result for the script that started it)."""
+    if path:
+        Path(path).write_text(json.dumps(doc))
+
+
+def train_config(flat: Mapping[str, Any]) -> Any:
+    """A TrainConfig from its flat form (``TrainConfig.flat()``)."""
+    from tuner.records import TrainConfig
+
+    knobs = {k: v for k, v in flat.items() if k not in TUNER_KNOB_NAMES}
+    return TrainConfig(
+        learning_rate=float(flat["learning_rate"]),
+        clip_norm=None if flat.get("clip_norm") is None else float(flat["clip_norm"]),
+        l2_weight=float(flat.get("l2_weight") or 0.0),
+        lr_decay=float(flat.get("lr_decay", 1.0)),
+        knobs=knobs,
+    )
+
+
+def run_key(run: Mapping[str, Any]) -> str:
+    """What makes two runs the same work: config, seed, budget, report interval and stop step."""
+    return json.dumps([run["config"], run["seed"], run["steps"], run["report_every"], run["stop"]], sort_keys=True)
+
+
+def runs_from_study(study: Any, steps: int, report_every: int) -> list[dict[str, Any]]:
+    """The seed runs of a finished tuner study, read back from its trials' user attributes.
+
+    Per seed the trial keeps ``steps_survived``; the trial keeps its first ``divergence_step``.
+    A seed that survived ``divergence_step - 1`` steps, or a number of steps that is not a report
+    step, diverged (it ran one step more); any other seed of a diverged trial was cancelled at a
+    report step.
+    """
+    runs = []
+    for trial in study.get_trials(deepcopy=False):
+        attrs = trial.user_attrs
+        if "config" not in attrs:
+            continue
+        for seed, survived in zip(attrs["seeds"], attrs["steps_survived"], strict=True):
+            status, stop = attrs["status"], survived
+            if status == "diverged":
+                first = survived == (attrs.get("divergence_step") or 0) - 1
+                status = "diverged" if first or survived % report_every else "cancelled"
+                stop = survived + 1 if status == "diverged" else survived
+            runs.append({"config": attrs["config"], "seed": seed, "steps": steps,
+                         "report_every": report_every, "stop": stop, "status": status,
+                         "trial": trial.number})
+    return runs
+
+
+def pre_create_stores(storage: str, tracking_uri: str | None) -> None:
+    """Create the Optuna and MLflow SQLite schemas, as any launch after a machine's first finds them."""
+    import optuna
+
+    optuna.storages.RDBStorage(storage)
+    if tracking_uri:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=tracking_uri).search_experiments()
+
+
+def import_driver() -> None:
+    """Import what a tuner driver imports, so that a timed launch measures the launch, not imports."""
+    import importlib
+
+    for name in ("matplotlib.figure", "mlflow.tracking", "optuna", "tuner.executor", "tuner.export", "tuner.launch",
+                 "tuner.plots", "tuner.progress", "tuner.report", "tuner.search", "tuner.tracking"):
+        importlib.import_module(name)
+
+
+def launch_config(tmp: str | Path, **values: Any) -> Any:
+    """A LaunchConfig for a benchmark launch: stores and output in ``tmp``, no live view."""
+    from tuner.config import LaunchConfig
+
+    tracking = not values.pop("no_tracking", False)
+    base: dict[str, Any] = {
+        "model": MODEL, "storage": f"sqlite:///{tmp}/optuna.db", "out": f"{tmp}/best_config.yaml",
+        "tracking_uri": f"sqlite:///{tmp}/mlflow.db" if tracking else None, "no_tracking": not tracking,
+        "live": False,
+    }
+    return LaunchConfig(**{**base, **values})
+
+
+def timed_launch(config: Any) -> float:
+    """Run ``tuner.launch.launch(config)`` with its terminal output discarded; its wall time."""
+    import contextlib
+    import io
+
+    from tuner.launch import launch
+
+    pre_create_stores(config.storage, config.tracking_uri)
+    with contextlib.redirect_stdout(io.StringIO()):
+        started = time.perf_counter()
+        launch(config)
+        return time.perf_counter() - started
+
+
+def load_study(config: Any) -> Any:
+    """The study a launch wrote."""
+    import optuna
+
+    return optuna.load_study(study_name=config.study_name, storage=config.storage)

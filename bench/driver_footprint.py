@@ -1,0 +1,121 @@
+"""Driver footprint: the driver's CPU time and peak memory per 1000 progress records; no TensorFlow.
+
+Each repeat runs the same launch twice, each in a fresh process that is the driver itself
+(``tuner.launch.launch``: Optuna on SQLite, MLflow on SQLite, the progress view, the plots):
+once with few progress records (``--coarse`` report interval) and once with many (``--fine``).
+Per launch: the driver process's CPU time (user + system, all its threads, during the launch),
+its peak resident memory (``ru_maxrss``) before and after, and the records it received (counted
+from the runs the study kept: a record every report interval, and a final one per run). Figures:
+
+- CPU per 1000 records, marginal: (CPU fine - CPU coarse) / (records fine - records coarse) x 1000,
+  the cost of a record beyond the launch's fixed costs; and the fine launch's total per 1000;
+- peak memory: the fine launch's peak RSS, and its growth during the launch per 1000 records;
+- whether ``tensorflow`` was imported in the driver (it must not be).
+
+    .venv/bin/python bench/driver_footprint.py [--repeats 3] [--trials 8] [--steps 300] [--fine 3] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+from typing import Any
+
+from benchlib import (
+    import_driver,
+    launch_config,
+    load_study,
+    median,
+    print_header,
+    run_part,
+    runs_from_study,
+    table,
+    timed_launch,
+    write_json,
+)
+
+
+def records_of(run: dict[str, Any]) -> int:
+    """Progress records a run streamed, and its final record."""
+    every, stop, steps = run["report_every"], run["stop"], run["steps"]
+    if run["status"] == "survived":
+        progress = -(-steps // every)  # every multiple of the interval, and the last step
+    elif run["status"] == "diverged":
+        progress = (stop - 1) // every + 1  # the report steps before the divergence step, and its alarm
+    else:
+        progress = stop // every  # cancelled at a report step, after its record
+    return progress + 1
+
+
+def launch_part(args: argparse.Namespace) -> dict[str, Any]:
+    """One launch, measured from inside its driver (run in its own process)."""
+    import_driver()
+    with tempfile.TemporaryDirectory(prefix="tuner-footprint-") as tmp:
+        config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
+                               report_every=args.report_every, num_cpus=2, seed=args.seed)
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        wall = timed_launch(config)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        runs = runs_from_study(load_study(config), args.steps, args.report_every)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"wall": wall, "cpu": cpu, "rss_before_mb": before.ru_maxrss / 1024, "rss_peak_mb": after.ru_maxrss / 1024,
+            "records": sum(records_of(r) for r in runs), "tensorflow": "tensorflow" in sys.modules}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--trials", type=int, default=8)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--fine", type=int, default=3, help="report interval of the launch with many records")
+    p.add_argument("--coarse", type=int, default=100, help="report interval of the launch with few records")
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
+    p.add_argument("--part", choices=["launch"], help=argparse.SUPPRESS)
+    p.add_argument("--report-every", type=int, default=25, help=argparse.SUPPRESS)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    if args.part == "launch":
+        write_json(args.json, launch_part(args))
+        return
+    if args.smoke:
+        args.repeats, args.trials, args.steps, args.fine, args.coarse = 1, 2, 30, 2, 30
+
+    print_header(f"driver footprint: {args.trials} trials x {args.steps} steps x {args.seeds} seeds, report every "
+                 f"{args.coarse} vs {args.fine} steps, {args.repeats} repeat(s)")
+    common = ["--part", "launch", "--trials", str(args.trials), "--steps", str(args.steps), "--seeds",
+              str(args.seeds), "--seed", str(args.seed)]
+    rows = []
+    for n in range(args.repeats):
+        coarse = run_part("driver_footprint.py", [*common, "--report-every", str(args.coarse)])
+        fine = run_part("driver_footprint.py", [*common, "--report-every", str(args.fine)])
+        extra = fine["records"] - coarse["records"]
+        rows.append({
+            "records": fine["records"], "records_coarse": coarse["records"], "cpu": fine["cpu"],
+            "cpu_coarse": coarse["cpu"], "cpu_per_1000": 1000 * fine["cpu"] / fine["records"],
+            "marginal_cpu_per_1000": 1000 * (fine["cpu"] - coarse["cpu"]) / extra if extra > 0 else float("nan"),
+            "peak_mb": fine["rss_peak_mb"],
+            "growth_mb_per_1000": 1000 * (fine["rss_peak_mb"] - fine["rss_before_mb"]) / fine["records"],
+            "tensorflow": coarse["tensorflow"] or fine["tensorflow"],
+        })
+        print(f"repeat {n + 1}: {fine['records']} records, {fine['cpu']:.2f} s CPU", flush=True)
+    keys = ["records_coarse", "cpu_coarse", "records", "cpu", "cpu_per_1000", "marginal_cpu_per_1000", "peak_mb",
+            "growth_mb_per_1000"]
+    print(table(["repeat", "records (coarse)", "CPU s (coarse)", "records (fine)", "CPU s (fine)",
+                 "CPU s / 1000 rec", "marginal CPU s / 1000 rec", "peak RSS MB", "RSS growth MB / 1000 rec"],
+                [[n + 1, *(r[k] for k in keys)] for n, r in enumerate(rows)]))
+    m = {k: median([r[k] for r in rows]) for k in keys}
+    print(f"RESULT driver cpu_per_1000_records = {m['marginal_cpu_per_1000']:.3f} s marginal "
+          f"({m['cpu_per_1000']:.3f} s with the launch's fixed costs)")
+    print(f"RESULT driver peak_memory = {m['peak_mb']:.0f} MB peak RSS ({m['growth_mb_per_1000']:.1f} MB growth "
+          "per 1000 records)")
+    imported = any(r["tensorflow"] for r in rows)
+    print(f"RESULT driver tensorflow_imported = {'YES (a defect)' if imported else 'no'}")
+    write_json(args.json, {"rows": rows, "medians": m})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""Overhead: tuner's wall time against the floor, beside Ray Tune + OptunaSearch on the same search.
+
+Each repeat, side by side, each in a fresh process:
+
+1. ``tuner.launch.launch`` on iterated_mlp's shipped space (TPE, sampler seed 0), MLflow and
+   Optuna on SQLite (schemas created beforehand, as on any launch after a machine's first);
+2. ``ray_tune_baseline.py`` with Tune's default settings and with ``reuse_actors=True``;
+3. the bare loop (``bare_loop.py``): every seed run that 1 and 2 trained, stopped where it stopped,
+   in one process, one after another;
+4. ``python -c "import tensorflow"``.
+
+The floor of a system = the bare loop's time for that system's runs / slots + one TensorFlow
+import; its overhead ratio = its wall time / its floor (goal: tuner at most 1.10, and below both
+Ray Tune settings). Wall times start with the libraries imported (a driver's imports are the same
+whoever orchestrates) and end when the cluster is shut down.
+
+    .venv/bin/python bench/overhead.py [--repeats 3] [--trials 16] [--steps 300] [--seeds 2] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchlib import (
+    import_driver,
+    launch_config,
+    load_study,
+    median,
+    print_header,
+    run_key,
+    run_part,
+    runs_from_study,
+    table,
+    tf_import_seconds,
+    timed_launch,
+    write_json,
+)
+
+SETTINGS = {"ray_tune_default": [], "ray_tune_reuse": ["--reuse-actors"]}
+GOAL = 1.10
+
+
+def tuner_part(args: argparse.Namespace) -> dict[str, Any]:
+    """One timed launch (run in its own process by ``--part tuner``)."""
+    import_driver()
+    with tempfile.TemporaryDirectory(prefix="tuner-overhead-") as tmp:
+        config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
+                               report_every=args.report_every, num_cpus=args.slots, seed=args.seed)
+        wall = timed_launch(config)
+        study = load_study(config)
+        runs = runs_from_study(study, args.steps, args.report_every)
+    return {"wall": wall, "runs": runs, "trials": args.trials, "gap": trial_gap(study)}
+
+
+def trial_gap(study: Any) -> float:
+    """Median seconds from a trial's tell to the next trial's ask (MLflow flush, ask, suggest)."""
+    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
+    gaps = [(b.datetime_start - a.datetime_complete).total_seconds() for a, b in itertools.pairwise(trials)
+            if a.datetime_complete and b.datetime_start and b.datetime_start > a.datetime_complete]
+    return median(gaps)
+
+
+def one_repeat(args: argparse.Namespace, settings: list[str]) -> list[dict[str, Any]]:
+    """Every system once, then the bare loop over the union of their runs; a row per system."""
+    common = ["--trials", str(args.trials), "--steps", str(args.steps), "--seeds", str(args.seeds),
+              "--report-every", str(args.report_every), "--seed", str(args.seed)]
+    systems = {"tuner": run_part("overhead.py", ["--part", "tuner", "--slots", str(args.slots), *common])}
+    for name in settings:
+        systems[name] = run_part("ray_tune_baseline.py", [*common, "--slots", str(args.slots), *SETTINGS[name]])
+    union = {run_key(r): r for s in systems.values() for r in s["runs"] if r["stop"] > 0}
+    with tempfile.TemporaryDirectory(prefix="tuner-bare-") as tmp:
+        path = Path(tmp) / "runs.json"
+        path.write_text(json.dumps(list(union.values())))
+        bare = run_part("bare_loop.py", [str(path)])
+    seconds = {r["key"]: r["seconds"] for r in bare["results"]}
+    elsewhere = sum(1 for r in bare["results"] if r["steps"] != union[r["key"]]["stop"])
+    if elsewhere:
+        print(f"note: {elsewhere} of {len(union)} bare runs ended at another step than the measured run "
+              "(a divergence that did not repeat exactly, or a cancel between report steps)")
+    tf_import = bare["import_seconds"] if args.smoke else tf_import_seconds()
+    print(f"tuner: {systems['tuner']['gap']:.3f} s median from a trial's tell to the next trial's ask", flush=True)
+    rows = []
+    for name, system in systems.items():
+        trained = [r for r in system["runs"] if r["stop"] > 0]
+        bare_total = sum(seconds[run_key(r)] for r in trained)
+        floor = bare_total / args.slots + tf_import
+        rows.append({"system": name, "wall": system["wall"], "bare": bare_total, "tf_import": tf_import,
+                     "floor": floor, "ratio": system["wall"] / floor, "runs": len(trained),
+                     "steps": sum(r["stop"] for r in trained)})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--trials", type=int, default=16)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--report-every", type=int, default=25)
+    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--settings", nargs="*", choices=sorted(SETTINGS), default=sorted(SETTINGS),
+                   help="Ray Tune settings to compare with")
+    p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
+    p.add_argument("--part", choices=["tuner"], help=argparse.SUPPRESS)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    if args.part == "tuner":
+        write_json(args.json, tuner_part(args))
+        return
+    settings = args.settings
+    if args.smoke:
+        args.repeats, args.trials, args.steps, args.report_every = 1, 2, 20, 10
+        settings = ["ray_tune_reuse"]
+
+    print_header(f"overhead: {args.trials} trials x {args.steps} steps x {args.seeds} seeds, {args.slots} slots, "
+                 f"report every {args.report_every}, {args.repeats} repeat(s)")
+    rows = []
+    headers = ["repeat", "system", "wall s", "bare s", "TF import s", "floor s", "ratio", "runs", "steps"]
+    for n in range(args.repeats):
+        for row in one_repeat(args, settings):
+            rows.append({"repeat": n + 1, **row})
+            print(f"repeat {n + 1} {row['system']}: wall {row['wall']:.2f} s, floor {row['floor']:.2f} s, "
+                  f"ratio {row['ratio']:.2f}", flush=True)
+    print(table(headers, [[r["repeat"], r["system"], r["wall"], r["bare"], r["tf_import"], r["floor"], r["ratio"],
+                           r["runs"], r["steps"]] for r in rows]))
+    names = ["tuner", *settings]
+    medians = {name: {key: median([r[key] for r in rows if r["system"] == name])
+                      for key in ("wall", "floor", "ratio")} for name in names}
+    print(f"\nmedian of {args.repeats} repeat(s):")
+    print(table(["system", "wall s", "floor s", "wall / floor"],
+                [[name, m["wall"], m["floor"], m["ratio"]] for name, m in medians.items()]))
+    tuner_ratio = medians["tuner"]["ratio"]
+    verdict = "met" if tuner_ratio <= GOAL else "MISSED"
+    print(f"RESULT overhead tuner = {tuner_ratio:.2f} (goal <= {GOAL:.2f}: {verdict})")
+    for name in settings:
+        ratio = medians[name]["ratio"]
+        verdict = "tuner below" if tuner_ratio < ratio else "tuner NOT below"
+        print(f"RESULT overhead {name} = {ratio:.2f} ({verdict})")
+    write_json(args.json, {"rows": rows, "medians": medians})
+
+
+if __name__ == "__main__":
+    main()

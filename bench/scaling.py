@@ -1,0 +1,98 @@
+"""Scaling: trials per minute with 2 slots against 1 slot, on a 2-core machine.
+
+Each repeat runs the same launch twice, each in a fresh process (``tuner.launch.launch``,
+iterated_mlp's shipped space, TPE with sampler seed 0, MLflow and Optuna on SQLite): on an
+embedded 2-CPU cluster with ``max_concurrent`` 1, then 2. With the same seed the first 10 trials
+(TPE's random start-up) ask the same configs. Two rates per launch:
+
+- end to end: trials / the launch's wall time (Ray start, TensorFlow import in the workers,
+  shutdown included);
+- steady: trials after the first / time from the first trial's end to the last trial's end
+  (Optuna's ``datetime_complete``): the rate once the workers are up.
+
+Goal: 2 slots reach at least 1.8x the trials per minute of 1 slot.
+
+    .venv/bin/python bench/scaling.py [--repeats 3] [--trials 8] [--steps 300] [--seeds 2] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from typing import Any
+
+from benchlib import (
+    import_driver,
+    launch_config,
+    load_study,
+    median,
+    print_header,
+    run_part,
+    table,
+    timed_launch,
+    write_json,
+)
+
+GOAL = 1.8
+
+
+def launch_part(args: argparse.Namespace) -> dict[str, Any]:
+    """One timed launch with ``args.slots`` seed runs at once (run in its own process)."""
+    import_driver()
+    with tempfile.TemporaryDirectory(prefix="tuner-scaling-") as tmp:
+        config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
+                               report_every=args.report_every, num_cpus=2, max_concurrent=args.slots,
+                               seed=args.seed)
+        wall = timed_launch(config)
+        ends = sorted(t.datetime_complete for t in load_study(config).get_trials(deepcopy=False)
+                      if t.datetime_complete is not None)
+    span = (ends[-1] - ends[0]).total_seconds() if len(ends) > 1 else float("nan")
+    return {"wall": wall, "trials": len(ends), "e2e": 60 * len(ends) / wall,
+            "steady": 60 * (len(ends) - 1) / span if span > 0 else float("nan")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--trials", type=int, default=8)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--report-every", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
+    p.add_argument("--part", choices=["launch"], help=argparse.SUPPRESS)
+    p.add_argument("--slots", type=int, default=2, help=argparse.SUPPRESS)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    if args.part == "launch":
+        write_json(args.json, launch_part(args))
+        return
+    if args.smoke:
+        args.repeats, args.trials, args.steps, args.report_every = 1, 2, 20, 10
+
+    print_header(f"scaling: {args.trials} trials x {args.steps} steps x {args.seeds} seeds, 1 slot vs 2 slots on "
+                 f"a 2-CPU cluster, {args.repeats} repeat(s)")
+    common = ["--part", "launch", "--trials", str(args.trials), "--steps", str(args.steps), "--seeds",
+              str(args.seeds), "--report-every", str(args.report_every), "--seed", str(args.seed)]
+    rows = []
+    for n in range(args.repeats):
+        one = run_part("scaling.py", [*common, "--slots", "1"])
+        two = run_part("scaling.py", [*common, "--slots", "2"])
+        row = {"wall_1": one["wall"], "wall_2": two["wall"], "e2e_1": one["e2e"], "e2e_2": two["e2e"],
+               "steady_1": one["steady"], "steady_2": two["steady"],
+               "e2e_ratio": two["e2e"] / one["e2e"], "steady_ratio": two["steady"] / one["steady"]}
+        rows.append(row)
+        print(f"repeat {n + 1}: end to end {row['e2e_ratio']:.2f}x, steady {row['steady_ratio']:.2f}x", flush=True)
+    keys = ["wall_1", "wall_2", "e2e_1", "e2e_2", "e2e_ratio", "steady_1", "steady_2", "steady_ratio"]
+    print(table(["repeat", "wall 1 slot s", "wall 2 slots s", "trials/min 1", "trials/min 2", "ratio",
+                 "steady/min 1", "steady/min 2", "steady ratio"],
+                [[n + 1, *(r[k] for k in keys)] for n, r in enumerate(rows)]))
+    m = {k: median([r[k] for r in rows]) for k in keys}
+    for name, key in (("end_to_end", "e2e_ratio"), ("steady", "steady_ratio")):
+        verdict = "met" if m[key] >= GOAL else "MISSED"
+        print(f"RESULT scaling {name} = {m[key]:.2f}x trials per minute, 2 slots vs 1 (goal >= {GOAL}: {verdict})")
+    write_json(args.json, {"rows": rows, "medians": m})
+
+
+if __name__ == "__main__":
+    main()

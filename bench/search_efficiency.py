@@ -1,0 +1,111 @@
+"""Search efficiency: trials until a good stable config, TPE against random sampling, real training.
+
+The target: the first trial whose config survives every seed with a validation loss within 10 %
+of the best point of a dense reference grid (``reference_grid.py``, cached in
+``bench/data/reference_grid.json``) over the same space (``bench/data/efficiency_space.yaml``)
+and budget. For each sampler (tuner's TPE: multivariate, constant liar; Optuna's RandomSampler)
+and each study seed, a study runs through ``tuner.search.Search`` on one ``RayExecutor``, one
+trial at a time (its seeds in parallel), until it hits the target or reaches ``--max-trials``
+(then it counts as ``max-trials + 1``, shown as ``>N``). Figures: the median trials to the target
+per sampler over the study seeds, and TPE's median / random's (goal: at most 0.5).
+
+    .venv/bin/python bench/search_efficiency.py [--study-seeds 5] [--max-trials 40] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from benchlib import MODEL, median, print_header, table, write_json
+from reference_grid import GRID_FILE, best_point, efficiency_space, grid_values, run_grid
+
+WITHIN = 0.10
+GOAL = 0.5
+
+
+def trials_to_target(executor: Any, sampler: Any, target: float, args: argparse.Namespace) -> int | None:
+    """Trials a study runs until one survives every seed with a validation loss <= target; None if none."""
+    import optuna
+
+    from tuner.records import TrialState
+    from tuner.search import Budget, Search
+
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    search = Search(study, efficiency_space(), MODEL, executor,
+                    Budget(args.max_trials, args.steps, args.seeds, args.report_every))
+    for n in range(1, args.max_trials + 1):
+        outcome = search.run(1)[-1]
+        if outcome.state is TrialState.COMPLETE and outcome.value is not None and outcome.value <= target:
+            return n
+    return None
+
+
+def samplers(seed: int) -> dict[str, Any]:
+    """The two samplers compared, seeded."""
+    import optuna
+
+    return {"tpe": optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True),
+            "random": optuna.samplers.RandomSampler(seed=seed)}
+
+
+def reference(executor: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The cached reference grid (a tiny one trained now in smoke mode)."""
+    if args.smoke:
+        values = grid_values(2, 1e-3, 3e-3, range(8, 10))
+        rows = run_grid(executor, values, args.steps, args.seeds, args.report_every)
+        return {"steps": args.steps, "seeds": args.seeds, "report_every": args.report_every, "best": best_point(rows),
+                "points": rows}
+    if not GRID_FILE.exists():
+        raise SystemExit(f"{GRID_FILE} is missing: make it with .venv/bin/python bench/reference_grid.py")
+    return json.loads(GRID_FILE.read_text())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--study-seeds", type=int, default=5)
+    p.add_argument("--max-trials", type=int, default=40)
+    p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    args.steps, args.seeds, args.report_every = 300, 2, 25
+    if args.smoke:
+        args.study_seeds, args.max_trials, args.steps, args.report_every = 1, 2, 20, 10
+
+    from tuner.config import prepare_environment
+
+    prepare_environment()
+    from tuner.executor import ClusterConfig, RayExecutor
+
+    executor = RayExecutor(ClusterConfig(num_cpus=2))
+    try:
+        grid = reference(executor, args)
+        args.steps, args.seeds, args.report_every = grid["steps"], grid["seeds"], grid["report_every"]
+        print_header(f"search efficiency: {args.study_seeds} study seed(s) per sampler, at most {args.max_trials} "
+                     f"trials, {args.steps} steps x {args.seeds} seeds, reference grid of {len(grid['points'])} points")
+        if grid["best"] is None:
+            raise SystemExit("no point of the reference grid survived: no target to reach")
+        target = grid["best"]["val_loss"] * (1 + WITHIN)
+        print(f"grid best: {grid['best']}; target: validation loss <= {target:.4f}")
+        found: dict[str, list[int | None]] = {"tpe": [], "random": []}
+        for seed in range(args.study_seeds):
+            for name, sampler in samplers(seed).items():
+                found[name].append(trials_to_target(executor, sampler, target, args))
+                print(f"study seed {seed} {name}: {found[name][-1] or f'>{args.max_trials}'} trials", flush=True)
+    finally:
+        executor.close()
+    counted = {name: [n or args.max_trials + 1 for n in values] for name, values in found.items()}
+    meds = {name: median(values) for name, values in counted.items()}
+    print(table(["sampler", *[f"seed {s}" for s in range(args.study_seeds)], "median"],
+                [[name, *[n or f">{args.max_trials}" for n in found[name]], meds[name]] for name in found]))
+    ratio = meds["tpe"] / meds["random"]
+    print(f"RESULT efficiency tpe = {meds['tpe']:.1f} trials, random = {meds['random']:.1f} trials (median to within "
+          f"{WITHIN:.0%} of the grid best)")
+    verdict = "met" if ratio <= GOAL else "MISSED"
+    print(f"RESULT efficiency ratio = {ratio:.2f} (TPE / random; goal <= {GOAL}: {verdict})")
+    write_json(args.json, {"found": found, "medians": meds, "ratio": ratio, "target": target})
+
+
+if __name__ == "__main__":
+    main()
