@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     space = resolve_space(config, model)
     skip, skipped = run_preflight(config, model, space)  # before anything is started or created
     executor = RayExecutor(cluster_config(config))
-    tracker = None
+    tracker, closing = None, None
     try:
         tracker = make_tracker(config)
         if tracker and skip:
@@ -55,6 +56,9 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             run_id = tracker.run_id if tracker else None
             search = Search(study, space, config.model, executor, budget, callbacks, run_id, skip=skip)
             _run_with_flush(search, todo, tracker)
+        # the cluster is not needed any more: it shuts down while the results are written
+        closing = threading.Thread(target=executor.close, name="tuner-ray-shutdown")
+        closing.start()
         console.print(summary_table(search.outcomes, space.searched()))
         doc = best_config(study, config.storage, config.steps)
         write_best(config.out, doc)
@@ -68,7 +72,10 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             tracker.close("FAILED", wait=5.0)
         raise
     finally:
-        executor.close()
+        if closing is None:
+            executor.close()
+        else:
+            closing.join()
 
 
 def run_preflight(config: LaunchConfig, model: Model, space: SearchSpace) -> tuple[Any, str]:

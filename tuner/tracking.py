@@ -1,9 +1,9 @@
 """MLflow tracking from the driver: a parent run per launch, a child run per trial, in batches.
 
-Every write goes through an ordered queue of operations that :meth:`Tracker.flush` sends (the
-search loop flushes about once a second, and at each trial's end). When the tracking server does
-not answer, the operations stay queued, a warning is printed once, and the next flush retries:
-training never waits for MLflow and nothing is lost. Metrics go in ``log_batch`` calls of up to
+Every write goes through an ordered queue of operations that a background thread sends (about
+once a second, and at once when a trial ends), so the search loop never waits for MLflow: a slow
+or remote store does not idle a worker. When the tracking server does not answer, the operations
+stay queued, a warning is printed once, and the next send retries: nothing is lost. Metrics go in ``log_batch`` calls of up to
 1000, never one call per metric.
 
 A child run gets, per seed, the telemetry of each report step (``seed0/loss``,
@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -62,7 +63,12 @@ class Tracker:
         self._ops: deque[Callable[[], object]] = deque()
         self._metrics: dict[int, list[Any]] = {}  # trial number -> metrics not yet queued
         self._warned = False
-        self._last_flush = time.monotonic()
+        self._last_queued = time.monotonic()
+        self._lock = threading.Lock()  # one sender at a time: the background thread, or flush()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._sender = threading.Thread(target=self._send_loop, name="tuner-mlflow", daemon=True)
+        self._sender.start()
 
     def run_id(self, number: int) -> str | None:
         """The child run id of a trial (flushing first if its creation is still queued)."""
@@ -85,8 +91,9 @@ class Tracker:
         for key, value in values.items():
             if value is not None and value == value and abs(value) != float("inf"):
                 batch.append(self._Metric(f"seed{record.seed}/{key}", float(value), now, record.step))
-        if time.monotonic() - self._last_flush > 1.0:
-            self.flush()
+        if time.monotonic() - self._last_queued > 1.0:
+            self._queue_metrics()
+            self._wake.set()
 
     def on_trial_complete(self, outcome: TrialOutcome) -> None:
         """Queue the trial's summary, tags and end status, then flush."""
@@ -107,7 +114,7 @@ class Tracker:
         if doc is not None:
             self._ops.append(lambda: self.client.log_dict(self._runs[number], doc, DIVERGENCE_FILE))
         self._ops.append(lambda: self.client.set_terminated(self._runs[number], status))
-        self.flush()
+        self._wake.set()
 
     def set_launch_tags(self, tags: Mapping[str, str]) -> None:
         """Queue tags on the parent run (what the data preflight skipped, say)."""
@@ -115,23 +122,35 @@ class Tracker:
         self._ops.append(lambda: self.client.log_batch(self.parent_id, tags=items))
 
     def flush(self) -> bool:
-        """Send every queued operation in order; on failure keep the rest and warn once."""
-        self._last_flush = time.monotonic()
+        """Send every queued operation now, in order (waiting for the background sender); True if all went."""
         self._queue_metrics()
-        while self._ops:
-            try:
-                self._ops[0]()
-            except Exception as exc:  # the server went away: keep the op, retry on the next flush
-                if not self._warned:
-                    log.warning("MLflow at %s is not answering (%s); buffering and retrying",
-                                _redact(self.uri), _first_line(exc))
-                    self._warned = True
-                return False
-            self._ops.popleft()
-        if self._warned:
-            log.warning("MLflow at %s answers again; the buffered records are logged", _redact(self.uri))
-            self._warned = False
-        return True
+        return self._send()
+
+    def _send(self) -> bool:
+        """Send queued operations in order; on failure keep the rest and warn once."""
+        with self._lock:
+            while self._ops:
+                try:
+                    self._ops[0]()
+                except Exception as exc:  # the server went away: keep the op, retry on the next send
+                    if not self._warned:
+                        log.warning("MLflow at %s is not answering (%s); buffering and retrying",
+                                    _redact(self.uri), _first_line(exc))
+                        self._warned = True
+                    return False
+                self._ops.popleft()
+            if self._warned:
+                log.warning("MLflow at %s answers again; the buffered records are logged", _redact(self.uri))
+                self._warned = False
+            return True
+
+    def _send_loop(self) -> None:
+        """The background sender: the queue about once a second, or at once when woken."""
+        while not self._stopping:
+            self._wake.wait(timeout=1.0)
+            self._wake.clear()
+            if not self._stopping:
+                self._send()
 
     def close(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None,
               artifacts: tuple[str, ...] = (), wait: float = 30.0) -> None:
@@ -146,6 +165,9 @@ class Tracker:
             self.client.set_terminated(self.parent_id, status)
 
         self._ops.append(end)
+        self._stopping = True
+        self._wake.set()
+        self._sender.join()
         deadline = time.monotonic() + wait
         while not self.flush() and time.monotonic() < deadline:
             time.sleep(1.0)
@@ -158,6 +180,10 @@ class Tracker:
         Returns:
             How many runs were closed.
         """
+        with self._lock:
+            return self._close_orphans(study)
+
+    def _close_orphans(self, study: Any) -> int:
         import optuna
 
         states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
@@ -191,6 +217,8 @@ class Tracker:
         self.client.log_batch(run.info.run_id, params=[self._Param(k, str(v)) for k, v in params.items()])
 
     def _queue_metrics(self) -> None:
+        """Queue the buffered metrics (from the search loop's thread only)."""
+        self._last_queued = time.monotonic()
         for number, metrics in self._metrics.items():
             for start in range(0, len(metrics), _BATCH):
                 chunk = metrics[start : start + _BATCH]
