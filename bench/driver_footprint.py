@@ -9,10 +9,11 @@ from the runs the study kept: a record every report interval, and a final one pe
 
 - CPU per 1000 records, marginal: (CPU fine - CPU coarse) / (records fine - records coarse) x 1000,
   the cost of a record beyond the launch's fixed costs; and the fine launch's total per 1000;
-- peak memory: the fine launch's peak RSS, and its growth during the launch per 1000 records;
+- peak memory: the fine launch's peak RSS, and (peak fine - peak coarse) per 1000 more records;
 - whether ``tensorflow`` was imported in the driver (it must not be).
 
-    .venv/bin/python bench/driver_footprint.py [--repeats 3] [--trials 8] [--steps 300] [--fine 3] [--smoke]
+    .venv/bin/python bench/driver_footprint.py [--repeats 3] [--trials 8] [--steps 300] [--fine 3] [--no-tracking]
+                                               [--smoke]
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def launch_part(args: argparse.Namespace) -> dict[str, Any]:
     import_driver()
     with tempfile.TemporaryDirectory(prefix="tuner-footprint-") as tmp:
         config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
-                               report_every=args.report_every, num_cpus=2, seed=args.seed)
+                               report_every=args.report_every, num_cpus=2, seed=args.seed,
+                               no_tracking=args.no_tracking)
         before = resource.getrusage(resource.RUSAGE_SELF)
         wall = timed_launch(config)
         after = resource.getrusage(resource.RUSAGE_SELF)
@@ -73,6 +75,7 @@ def main() -> None:
     p.add_argument("--fine", type=int, default=3, help="report interval of the launch with many records")
     p.add_argument("--coarse", type=int, default=100, help="report interval of the launch with few records")
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p.add_argument("--no-tracking", action="store_true", help="launch without MLflow (to see MLflow's share)")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
     p.add_argument("--part", choices=["launch"], help=argparse.SUPPRESS)
     p.add_argument("--report-every", type=int, default=25, help=argparse.SUPPRESS)
@@ -85,9 +88,10 @@ def main() -> None:
         args.repeats, args.trials, args.steps, args.fine, args.coarse = 1, 2, 30, 2, 30
 
     print_header(f"driver footprint: {args.trials} trials x {args.steps} steps x {args.seeds} seeds, report every "
-                 f"{args.coarse} vs {args.fine} steps, {args.repeats} repeat(s)")
+                 f"{args.coarse} vs {args.fine} steps, {args.repeats} repeat(s)"
+                 + (", without MLflow" if args.no_tracking else ""))
     common = ["--part", "launch", "--trials", str(args.trials), "--steps", str(args.steps), "--seeds",
-              str(args.seeds), "--seed", str(args.seed)]
+              str(args.seeds), "--seed", str(args.seed), *(["--no-tracking"] if args.no_tracking else [])]
     rows = []
     for n in range(args.repeats):
         coarse = run_part("driver_footprint.py", [*common, "--report-every", str(args.coarse)])
@@ -97,21 +101,23 @@ def main() -> None:
             "records": fine["records"], "records_coarse": coarse["records"], "cpu": fine["cpu"],
             "cpu_coarse": coarse["cpu"], "cpu_per_1000": 1000 * fine["cpu"] / fine["records"],
             "marginal_cpu_per_1000": 1000 * (fine["cpu"] - coarse["cpu"]) / extra if extra > 0 else float("nan"),
-            "peak_mb": fine["rss_peak_mb"],
-            "growth_mb_per_1000": 1000 * (fine["rss_peak_mb"] - fine["rss_before_mb"]) / fine["records"],
+            "peak_mb": fine["rss_peak_mb"], "peak_mb_coarse": coarse["rss_peak_mb"],
+            "marginal_mb_per_1000": 1000 * (fine["rss_peak_mb"] - coarse["rss_peak_mb"]) / extra if extra > 0
+            else float("nan"),
             "tensorflow": coarse["tensorflow"] or fine["tensorflow"],
         })
         print(f"repeat {n + 1}: {fine['records']} records, {fine['cpu']:.2f} s CPU", flush=True)
-    keys = ["records_coarse", "cpu_coarse", "records", "cpu", "cpu_per_1000", "marginal_cpu_per_1000", "peak_mb",
-            "growth_mb_per_1000"]
+    keys = ["records_coarse", "cpu_coarse", "records", "cpu", "cpu_per_1000", "marginal_cpu_per_1000",
+            "peak_mb_coarse", "peak_mb", "marginal_mb_per_1000"]
     print(table(["repeat", "records (coarse)", "CPU s (coarse)", "records (fine)", "CPU s (fine)",
-                 "CPU s / 1000 rec", "marginal CPU s / 1000 rec", "peak RSS MB", "RSS growth MB / 1000 rec"],
+                 "CPU s / 1000 rec", "marginal CPU s / 1000 rec", "peak RSS MB (coarse)", "peak RSS MB (fine)",
+                 "marginal MB / 1000 rec"],
                 [[n + 1, *(r[k] for k in keys)] for n, r in enumerate(rows)]))
     m = {k: median([r[k] for r in rows]) for k in keys}
     print(f"RESULT driver cpu_per_1000_records = {m['marginal_cpu_per_1000']:.3f} s marginal "
           f"({m['cpu_per_1000']:.3f} s with the launch's fixed costs)")
-    print(f"RESULT driver peak_memory = {m['peak_mb']:.0f} MB peak RSS ({m['growth_mb_per_1000']:.1f} MB growth "
-          "per 1000 records)")
+    print(f"RESULT driver peak_memory = {m['peak_mb']:.0f} MB peak RSS ({m['marginal_mb_per_1000']:.1f} MB more "
+          "per 1000 records, marginal)")
     imported = any(r["tensorflow"] for r in rows)
     print(f"RESULT driver tensorflow_imported = {'YES (a defect)' if imported else 'no'}")
     write_json(args.json, {"rows": rows, "medians": m})

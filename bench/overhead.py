@@ -20,7 +20,6 @@ whoever orchestrates) and end when the cluster is shut down.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import tempfile
 from pathlib import Path
@@ -54,15 +53,7 @@ def tuner_part(args: argparse.Namespace) -> dict[str, Any]:
         wall = timed_launch(config)
         study = load_study(config)
         runs = runs_from_study(study, args.steps, args.report_every)
-    return {"wall": wall, "runs": runs, "trials": args.trials, "gap": trial_gap(study)}
-
-
-def trial_gap(study: Any) -> float:
-    """Median seconds from a trial's tell to the next trial's ask (MLflow flush, ask, suggest)."""
-    trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
-    gaps = [(b.datetime_start - a.datetime_complete).total_seconds() for a, b in itertools.pairwise(trials)
-            if a.datetime_complete and b.datetime_start and b.datetime_start > a.datetime_complete]
-    return median(gaps)
+    return {"wall": wall, "runs": runs, "trials": args.trials}
 
 
 def one_repeat(args: argparse.Namespace, settings: list[str]) -> list[dict[str, Any]]:
@@ -83,7 +74,6 @@ def one_repeat(args: argparse.Namespace, settings: list[str]) -> list[dict[str, 
         print(f"note: {elsewhere} of {len(union)} bare runs ended at another step than the measured run "
               "(a divergence that did not repeat exactly, or a cancel between report steps)")
     tf_import = bare["import_seconds"] if args.smoke else tf_import_seconds()
-    print(f"tuner: {systems['tuner']['gap']:.3f} s median from a trial's tell to the next trial's ask", flush=True)
     rows = []
     for name, system in systems.items():
         trained = [r for r in system["runs"] if r["stop"] > 0]

@@ -3,8 +3,8 @@
 Every write goes through an ordered queue of operations that a background thread sends (about
 once a second, and at once when a trial ends), so the search loop never waits for MLflow: a slow
 or remote store does not idle a worker. When the tracking server does not answer, the operations
-stay queued, a warning is printed once, and the next send retries: nothing is lost. Metrics go in ``log_batch`` calls of up to
-1000, never one call per metric.
+stay queued, a warning is printed once, and the next send retries: nothing is lost. Metrics go in
+``log_batch`` calls of up to 1000, never one call per metric.
 
 A child run gets, per seed, the telemetry of each report step (``seed0/loss``,
 ``seed0/grad_norm``, ``seed0/clip_fraction``, ``seed0/grad_norm/layer0/kernel``,
