@@ -69,7 +69,9 @@ def one_repeat(executor: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(SPACES_DIR / "iterated_mlp.yaml", "iterated_mlp", load_model("iterated_mlp").knobs)
-    sampler = optuna.samplers.TPESampler(seed=args.seed, multivariate=True, constant_liar=True)
+    from tuner.search import make_sampler
+
+    sampler = make_sampler("tpe", args.seed, len(space.searched()))
     study = optuna.create_study(direction="minimize", sampler=sampler)
     if args.smoke:  # a config that diverges within a few steps, so the latency path runs too
         study.enqueue_trial({"learning_rate": 1e-2, "max_iter": 4, "use_clip_norm": False, "use_epsilon": False,

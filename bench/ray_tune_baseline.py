@@ -2,7 +2,7 @@
 
 Same model (iterated_mlp), same search space (the shipped ``search_spaces/iterated_mlp.yaml``,
 given to OptunaSearch as a define-by-run function: the same ``suggest`` calls as tuner makes),
-same sampler (TPE, multivariate, constant liar, the same seed), same budget, same training loop
+same sampler (``tuner.search.make_sampler``'s TPE, the same seed), same budget, same training loop
 (``tuner.train.train_run``, so only the orchestration differs). One Tune trial is one config: it
 trains its seeds one after another on one CPU, reports every ``--report-every`` steps, and stops at
 the first seed that diverges (a diverged trial scores ``1000 + steps missed``: OptunaSearch
@@ -68,23 +68,28 @@ class DefineByRun:
     """
 
     def __call__(self, trial: Any) -> dict[str, Any]:
+        return {"train_config": self.space().suggest(trial).flat()}
+
+    @staticmethod
+    def space() -> Any:
+        """The shipped iterated_mlp space."""
         from tuner.models import load_model
         from tuner.spaces import load_space
 
         path = BENCH.parent / "search_spaces" / "iterated_mlp.yaml"
-        space = load_space(path, "iterated_mlp", load_model("iterated_mlp").knobs)
-        return {"train_config": space.suggest(trial).flat()}
+        return load_space(path, "iterated_mlp", load_model("iterated_mlp").knobs)
 
 
 def run_tune(trials: int, steps: int, seeds: int, report_every: int, slots: int, seed: int,
              reuse_actors: bool) -> dict[str, Any]:
     """Run the baseline search; its wall time and the runs its trials trained."""
-    import optuna
     import ray
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
-    sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True)
+    from tuner.search import make_sampler
+
+    sampler = make_sampler("tpe", seed, len(DefineByRun.space().searched()))  # the same sampler as tuner's
     search = OptunaSearch(space=DefineByRun(), metric="val_loss", mode="min", sampler=sampler)
     fn = tune.with_parameters(trainable, steps=steps, seeds=seeds, report_every=report_every)
     with tempfile.TemporaryDirectory(prefix="tune-bench-") as tmp:

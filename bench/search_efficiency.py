@@ -3,7 +3,7 @@
 The target: the first trial whose config survives every seed with a validation loss within 10 %
 of the best point of a dense reference grid (``reference_grid.py``, cached in
 ``bench/data/reference_grid.json``) over the same space (``bench/data/efficiency_space.yaml``)
-and budget. For each sampler (tuner's TPE: multivariate, constant liar; Optuna's RandomSampler)
+and budget. For each sampler (tuner's, ``tuner.search.make_sampler``: TPE and random)
 and each study seed, a study runs through ``tuner.search.Search`` on one ``RayExecutor``, one
 trial at a time (its seeds in parallel), until it hits the target or reaches ``--max-trials``
 (then it counts as ``max-trials + 1``, shown as ``>N``). Figures: the median trials to the target
@@ -44,10 +44,10 @@ def trials_to_target(executor: Any, sampler: Any, target: float, args: argparse.
 
 def samplers(seed: int) -> dict[str, Any]:
     """The two samplers compared, seeded."""
-    import optuna
+    from tuner.search import make_sampler
 
-    return {"tpe": optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True),
-            "random": optuna.samplers.RandomSampler(seed=seed)}
+    searched = len(efficiency_space().searched())
+    return {name: make_sampler(name, seed, searched) for name in ("tpe", "random")}
 
 
 def reference(executor: Any, args: argparse.Namespace) -> dict[str, Any]:

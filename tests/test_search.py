@@ -161,3 +161,11 @@ def test_judge_divergence_beats_failure() -> None:
         {"learning_rate": 1.0, "clip_norm": None, "l2_weight": 0.0, "lr_decay": 1.0, "width": 8}),
         {0: diverged, 1: failed})
     assert outcome.state is TrialState.PRUNED
+
+
+def test_make_sampler_tpe_starts_from_two_random_trials_per_searched_knob_between_4_and_10() -> None:
+    from tuner.search import make_sampler
+
+    startups = [make_sampler("tpe", 0, n)._n_startup_trials for n in (1, 2, 3, 8)]
+    assert startups == [4, 4, 6, 10]
+    assert isinstance(make_sampler("random", 0, 2), optuna.samplers.RandomSampler)

@@ -44,7 +44,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         tracker = make_tracker(config)
         if tracker and skip:
             tracker.set_launch_tags(_skip_tags(skip, skipped))
-        study = open_study(config)
+        study = open_study(config, space)
         todo = config.trials - repair(study, tracker)
         console.print(
             f"study {study.study_name!r} on {redact(config.storage)}: {todo} trial(s) to run, "
@@ -143,16 +143,14 @@ def make_tracker(config: LaunchConfig) -> Any:
     return Tracker(config.tracking_uri, config.study_name, params)
 
 
-def open_study(config: LaunchConfig) -> Any:
+def open_study(config: LaunchConfig, space: SearchSpace) -> Any:
     """Create the study, or load it to continue (same name and storage)."""
     import optuna
 
+    from tuner.search import make_sampler
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler: optuna.samplers.BaseSampler = (
-        optuna.samplers.RandomSampler(seed=config.seed)
-        if config.sampler == "random"
-        else optuna.samplers.TPESampler(seed=config.seed, multivariate=True, constant_liar=True)
-    )
+    sampler = make_sampler(config.sampler, config.seed, len(space.searched()))
     try:
         return optuna.create_study(
             study_name=config.study_name, storage=config.storage, sampler=sampler,
