@@ -15,6 +15,7 @@ process per system, as a user would have, and no TensorFlow in a driver.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -122,6 +123,27 @@ def run_part(script: str, args: Sequence[str], timeout: float = 1800) -> dict[st
             sys.stderr.write(done.stdout[-4000:] + done.stderr[-8000:])
             raise RuntimeError(f"bench/{script} {' '.join(args)} exited {done.returncode}")
         return json.loads(out.read_text())
+
+
+def search_parser(doc: str | None, trials: int, steps: int, repeats: bool = True) -> argparse.ArgumentParser:
+    """The options every search benchmark takes (trials, steps, seeds, report interval, sampler seed,
+    --smoke, --json, and --repeats where it repeats); a script adds its own."""
+    p = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    if repeats:
+        p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--trials", type=int, default=trials)
+    p.add_argument("--steps", type=int, default=steps)
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--report-every", type=int, default=25)
+    p.add_argument("--seed", type=int, default=0, help="the sampler's seed (the same in every repeat)")
+    p.add_argument("--json", help="write the figures here")
+    return p
+
+
+def search_argv(args: argparse.Namespace) -> list[str]:
+    """``args``'s search options as a command line, for a part run in its own process."""
+    return ["--trials", str(args.trials), "--steps", str(args.steps), "--seeds", str(args.seeds),
+            "--report-every", str(args.report_every), "--seed", str(args.seed)]
 
 
 def write_json(path: str | None, doc: Mapping[str, Any]) -> None:

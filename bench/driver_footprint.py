@@ -32,6 +32,8 @@ from benchlib import (
     print_header,
     run_part,
     runs_from_study,
+    search_argv,
+    search_parser,
     table,
     timed_launch,
     write_json,
@@ -67,19 +69,12 @@ def launch_part(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--trials", type=int, default=8)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seeds", type=int, default=2)
+    p = search_parser(__doc__, trials=8, steps=300)
     p.add_argument("--fine", type=int, default=3, help="report interval of the launch with many records")
     p.add_argument("--coarse", type=int, default=100, help="report interval of the launch with few records")
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     p.add_argument("--no-tracking", action="store_true", help="launch without MLflow (to see MLflow's share)")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
     p.add_argument("--part", choices=["launch"], help=argparse.SUPPRESS)
-    p.add_argument("--report-every", type=int, default=25, help=argparse.SUPPRESS)
-    p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     if args.part == "launch":
         write_json(args.json, launch_part(args))
@@ -90,8 +85,7 @@ def main() -> None:
     print_header(f"driver footprint: {args.trials} trials x {args.steps} steps x {args.seeds} seeds, report every "
                  f"{args.coarse} vs {args.fine} steps, {args.repeats} repeat(s)"
                  + (", without MLflow" if args.no_tracking else ""))
-    common = ["--part", "launch", "--trials", str(args.trials), "--steps", str(args.steps), "--seeds",
-              str(args.seeds), "--seed", str(args.seed), *(["--no-tracking"] if args.no_tracking else [])]
+    common = ["--part", "launch", *search_argv(args), *(["--no-tracking"] if args.no_tracking else [])]
     rows = []
     for n in range(args.repeats):
         coarse = run_part("driver_footprint.py", [*common, "--report-every", str(args.coarse)])

@@ -3,7 +3,8 @@
 Each repeat, side by side, each in a fresh process:
 
 1. ``tuner.launch.launch`` on iterated_mlp's shipped space (TPE, sampler seed 0), MLflow and
-   Optuna on SQLite (schemas created beforehand, as on any launch after a machine's first);
+   Optuna on SQLite (schemas created beforehand, as on any launch after a machine's first); and
+   the same launch with ``--no-tracking`` (MLflow's share of the overhead; Ray Tune logs nowhere);
 2. ``ray_tune_baseline.py`` with Tune's default settings and with ``reuse_actors=True``;
 3. the bare loop (``bare_loop.py``): every seed run that 1 and 2 trained, stopped where it stopped,
    in one process, one after another;
@@ -34,6 +35,8 @@ from benchlib import (
     run_key,
     run_part,
     runs_from_study,
+    search_argv,
+    search_parser,
     table,
     tf_import_seconds,
     timed_launch,
@@ -49,7 +52,8 @@ def tuner_part(args: argparse.Namespace) -> dict[str, Any]:
     import_driver()
     with tempfile.TemporaryDirectory(prefix="tuner-overhead-") as tmp:
         config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
-                               report_every=args.report_every, num_cpus=args.slots, seed=args.seed)
+                               report_every=args.report_every, num_cpus=args.slots, seed=args.seed,
+                               no_tracking=args.no_tracking)
         wall = timed_launch(config)
         study = load_study(config)
         runs = runs_from_study(study, args.steps, args.report_every)
@@ -58,11 +62,12 @@ def tuner_part(args: argparse.Namespace) -> dict[str, Any]:
 
 def one_repeat(args: argparse.Namespace, settings: list[str]) -> list[dict[str, Any]]:
     """Every system once, then the bare loop over the union of their runs; a row per system."""
-    common = ["--trials", str(args.trials), "--steps", str(args.steps), "--seeds", str(args.seeds),
-              "--report-every", str(args.report_every), "--seed", str(args.seed)]
-    systems = {"tuner": run_part("overhead.py", ["--part", "tuner", "--slots", str(args.slots), *common])}
+    common = [*search_argv(args), "--slots", str(args.slots)]
+    systems = {"tuner": run_part("overhead.py", ["--part", "tuner", *common])}
+    if not args.smoke:
+        systems["tuner_no_mlflow"] = run_part("overhead.py", ["--part", "tuner", "--no-tracking", *common])
     for name in settings:
-        systems[name] = run_part("ray_tune_baseline.py", [*common, "--slots", str(args.slots), *SETTINGS[name]])
+        systems[name] = run_part("ray_tune_baseline.py", [*common, *SETTINGS[name]])
     union = {run_key(r): r for s in systems.values() for r in s["runs"] if r["stop"] > 0}
     with tempfile.TemporaryDirectory(prefix="tuner-bare-") as tmp:
         path = Path(tmp) / "runs.json"
@@ -86,19 +91,13 @@ def one_repeat(args: argparse.Namespace, settings: list[str]) -> list[dict[str, 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--trials", type=int, default=16)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--report-every", type=int, default=25)
+    p = search_parser(__doc__, trials=16, steps=300)
     p.add_argument("--slots", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     p.add_argument("--settings", nargs="*", choices=sorted(SETTINGS), default=sorted(SETTINGS),
                    help="Ray Tune settings to compare with")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
     p.add_argument("--part", choices=["tuner"], help=argparse.SUPPRESS)
-    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--no-tracking", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.part == "tuner":
         write_json(args.json, tuner_part(args))
@@ -119,7 +118,7 @@ def main() -> None:
                   f"ratio {row['ratio']:.2f}", flush=True)
     print(table(headers, [[r["repeat"], r["system"], r["wall"], r["bare"], r["tf_import"], r["floor"], r["ratio"],
                            r["runs"], r["steps"]] for r in rows]))
-    names = ["tuner", *settings]
+    names = [name for name in ("tuner", "tuner_no_mlflow", *settings) if any(r["system"] == name for r in rows)]
     medians = {name: {key: median([r[key] for r in rows if r["system"] == name])
                       for key in ("wall", "floor", "ratio")} for name in names}
     print(f"\nmedian of {args.repeats} repeat(s):")
@@ -128,6 +127,9 @@ def main() -> None:
     tuner_ratio = medians["tuner"]["ratio"]
     verdict = "met" if tuner_ratio <= GOAL else "MISSED"
     print(f"RESULT overhead tuner = {tuner_ratio:.2f} (goal <= {GOAL:.2f}: {verdict})")
+    if "tuner_no_mlflow" in medians:
+        print(f"RESULT overhead tuner_no_mlflow = {medians['tuner_no_mlflow']['ratio']:.2f} (the same launch "
+              "with --no-tracking)")
     for name in settings:
         ratio = medians[name]["ratio"]
         verdict = "tuner below" if tuner_ratio < ratio else "tuner NOT below"

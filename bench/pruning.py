@@ -33,7 +33,7 @@ import argparse
 import time
 from typing import Any
 
-from benchlib import median, print_header, table, write_json
+from benchlib import median, print_header, search_parser, table, write_json
 
 
 class Clock:
@@ -157,17 +157,10 @@ def _progress_gaps(arrivals: list[tuple[float, Any]]) -> list[float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--trials", type=int, default=16)
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--report-every", type=int, default=25)
+    p = search_parser(__doc__, trials=16, steps=600)
     p.add_argument("--slots", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed (the same in every repeat)")
     p.add_argument("--probes", type=int, default=len(PROBES), help="probe trials per repeat for more latency samples")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
-    p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     if args.smoke:
         args.repeats, args.trials, args.steps, args.report_every, args.probes = 1, 3, 40, 10, 1

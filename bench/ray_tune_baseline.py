@@ -14,7 +14,6 @@ cannot be told NaN or PRUNED). ``--slots`` trials run at once. The wall time cov
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -111,15 +110,11 @@ def run_tune(trials: int, steps: int, seeds: int, report_every: int, slots: int,
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trials", type=int, default=16)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--report-every", type=int, default=25)
+    from benchlib import search_parser
+
+    p = search_parser(__doc__, trials=16, steps=300, repeats=False)
     p.add_argument("--slots", type=int, default=2, help="trials at once (CPUs of the local cluster)")
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
     p.add_argument("--reuse-actors", action="store_true", help="Tune's reuse_actors=True (default: False)")
-    p.add_argument("--json", help="write the wall time and the runs here")
     args = p.parse_args()
 
     # the workers import this module by name (it is on their PYTHONPATH): trainable's cache lives there

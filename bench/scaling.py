@@ -28,6 +28,8 @@ from benchlib import (
     median,
     print_header,
     run_part,
+    search_argv,
+    search_parser,
     table,
     timed_launch,
     write_json,
@@ -52,17 +54,10 @@ def launch_part(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--trials", type=int, default=8)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--report-every", type=int, default=25)
-    p.add_argument("--seed", type=int, default=0, help="the sampler's seed")
+    p = search_parser(__doc__, trials=8, steps=300)
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
     p.add_argument("--part", choices=["launch"], help=argparse.SUPPRESS)
     p.add_argument("--slots", type=int, default=2, help=argparse.SUPPRESS)
-    p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     if args.part == "launch":
         write_json(args.json, launch_part(args))
@@ -72,8 +67,7 @@ def main() -> None:
 
     print_header(f"scaling: {args.trials} trials x {args.steps} steps x {args.seeds} seeds, 1 slot vs 2 slots on "
                  f"a 2-CPU cluster, {args.repeats} repeat(s)")
-    common = ["--part", "launch", "--trials", str(args.trials), "--steps", str(args.steps), "--seeds",
-              str(args.seeds), "--report-every", str(args.report_every), "--seed", str(args.seed)]
+    common = ["--part", "launch", *search_argv(args)]
     rows = []
     for n in range(args.repeats):
         one = run_part("scaling.py", [*common, "--slots", "1"])
