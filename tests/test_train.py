@@ -73,8 +73,25 @@ def test_train_run_should_stop_cancels_at_next_report() -> None:
     model = Planted()
     knobs = {k: v.default for k, v in model.knobs.items()}
     spec = RunSpec(0, 0, "planted", TrainConfig(1e-2, knobs=knobs), 10_000, 10)
-    records = list(train_run(model, model.data(knobs), spec, should_stop=lambda: True))
+    asked = []
+
+    def stop_after_build() -> bool:  # false when the graph is built, true at the first report
+        asked.append(True)
+        return len(asked) > 1
+
+    records = list(train_run(model, model.data(knobs), spec, should_stop=stop_after_build))
     assert records[-1].status is RunStatus.CANCELLED and records[-1].steps_survived == 10
+
+
+def test_train_run_cancelled_during_its_graph_build_trains_no_step() -> None:
+    from tuner.train import train_run
+
+    model = Planted()
+    knobs = {k: v.default for k, v in model.knobs.items()}
+    spec = RunSpec(0, 0, "planted", TrainConfig(1e-2, knobs=knobs), 10_000, 10)
+    records = list(train_run(model, model.data(knobs), spec, should_stop=lambda: True))
+    assert len(records) == 1
+    assert records[0].final and records[0].status is RunStatus.CANCELLED and records[0].step == 0
 
 
 def test_build_adds_l2_over_kernels_only() -> None:

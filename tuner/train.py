@@ -179,8 +179,8 @@ def train_run(
     Stops at the first step whose loss, gradient norm or updated weights are non-finite, and
     replays that step to find the op that went non-finite first (the final record's
     ``forensics``). Stops early (final status CANCELLED) when ``should_stop()`` turns true; it is
-    checked at each report. ``sample_ids`` maps a training sample of ``data`` to its index in the
-    model's data (when the preflight left samples out).
+    checked once the graph is built and at each report. ``sample_ids`` maps a training sample of
+    ``data`` to its index in the model's data (when the preflight left samples out).
     """
     built = build(model, spec.config, spec.seed)
     info = dict(info or {})
@@ -188,6 +188,9 @@ def train_run(
         sess.run(tf1.global_variables_initializer())
         stepper = Stepper(sess, built, data, spec)
         telemetry = stepper.telemetry
+        if should_stop():  # cancelled while the graph was built (a build cannot be interrupted)
+            yield _final(spec, telemetry, 0, RunStatus.CANCELLED, None, None, info)
+            return
         started = time.perf_counter()
         for step in range(1, spec.steps + 1):
             cause = stepper.step(step)
