@@ -10,7 +10,8 @@ from the runs the study kept: a record every report interval, and a final one pe
 - CPU per 1000 records, marginal: (CPU fine - CPU coarse) / (records fine - records coarse) x 1000,
   the cost of a record beyond the launch's fixed costs; and the fine launch's total per 1000;
 - peak memory: the fine launch's peak RSS, and (peak fine - peak coarse) per 1000 more records;
-- whether ``tensorflow`` was imported in the driver (it must not be).
+- whether ``tensorflow`` was imported in the driver (it must not be);
+- what a record costs, split: MLflow's writes and Optuna's reports (``record_costs``, no Ray).
 
     .venv/bin/python bench/driver_footprint.py [--repeats 3] [--trials 8] [--steps 300] [--fine 3] [--no-tracking]
                                                [--smoke]
@@ -22,6 +23,7 @@ import argparse
 import resource
 import sys
 import tempfile
+import time
 from typing import Any
 
 from benchlib import (
@@ -29,6 +31,7 @@ from benchlib import (
     launch_config,
     load_study,
     median,
+    pre_create_stores,
     print_header,
     run_part,
     runs_from_study,
@@ -50,6 +53,45 @@ def records_of(run: dict[str, Any]) -> int:
     else:
         progress = stop // every  # cancelled at a report step, after its record
     return progress + 1
+
+
+def record_costs(trials: int = 8, reports: int = 24, metrics: int = 30) -> dict[str, float]:
+    """CPU ms per progress record of its two shares, without Ray: MLflow's writes and Optuna's reports.
+
+    Records like a launch's (``metrics`` telemetry values, 2 seeds, ``reports`` report steps per
+    trial) go through ``tuner.tracking.Tracker`` into a SQLite MLflow store; a study on SQLite
+    gets one ``trial.report`` per report step (one per two records, as when both seeds reach it).
+    """
+    import optuna
+
+    from tuner.records import RunRecord, RunStatus, TrainConfig
+    from tuner.tracking import Tracker
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    values = {f"grad_norm/w{k}": 1.0 for k in range(metrics)}
+    n = trials * reports * 2
+    with tempfile.TemporaryDirectory(prefix="tuner-record-cost-") as tmp:
+        storage, uri = f"sqlite:///{tmp}/optuna.db", f"sqlite:///{tmp}/mlflow.db"
+        pre_create_stores(storage, uri)
+        tracker = Tracker(uri, "cost", {})
+        started = time.process_time()
+        for trial in range(trials):
+            tracker.on_trial_start(trial, TrainConfig(1e-3))
+            for step in range(1, reports + 1):
+                for seed in (0, 1):
+                    tracker.on_trial_result(RunRecord(trial, seed, step, RunStatus.RUNNING, 1.0, 1.0,
+                                                      steps_survived=step, metrics=values))
+        tracker.flush()
+        mlflow_ms = 1000 * (time.process_time() - started) / n
+        study = optuna.create_study(storage=storage)
+        started = time.process_time()
+        for _ in range(trials):
+            trial = study.ask()
+            for step in range(1, reports + 1):
+                trial.report(1.0, step)
+            study.tell(trial, 1.0)
+        optuna_ms = 1000 * (time.process_time() - started) / n
+    return {"mlflow_ms": mlflow_ms, "optuna_ms": optuna_ms, "metrics": metrics + 2}
 
 
 def launch_part(args: argparse.Namespace) -> dict[str, Any]:
@@ -114,7 +156,10 @@ def main() -> None:
           "per 1000 records, marginal)")
     imported = any(r["tensorflow"] for r in rows)
     print(f"RESULT driver tensorflow_imported = {'YES (a defect)' if imported else 'no'}")
-    write_json(args.json, {"rows": rows, "medians": m})
+    costs = record_costs(trials=2 if args.smoke else 8)
+    print(f"RESULT driver record_cost = {costs['mlflow_ms']:.2f} ms CPU for MLflow ({costs['metrics']} metrics), "
+          f"{costs['optuna_ms']:.2f} ms for Optuna's reports, per record (without Ray)")
+    write_json(args.json, {"rows": rows, "medians": m, "record_costs": costs})
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ SCRIPTS = {
     "search_efficiency.py": ["RESULT efficiency tpe =", "RESULT efficiency ratio ="],
     "driver_footprint.py": [
         "RESULT driver cpu_per_1000_records =", "RESULT driver peak_memory =", "RESULT driver tensorflow_imported = no",
+        "RESULT driver record_cost =",
     ],
 }
 
