@@ -16,6 +16,7 @@ process per system, as a user would have, and no TensorFlow in a driver.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,21 @@ def timed_launch(config: Any) -> float:
         started = time.perf_counter()
         launch(config)
         return time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def search_launch(args: argparse.Namespace, prefix: str, **values: Any) -> Iterator[tuple[float, Any]]:
+    """A timed launch of ``args``' search options (and ``values``) in a temporary folder.
+
+    Yields its wall time and its study while the folder and its stores still exist. Call
+    ``import_driver`` first when the time spent around it is measured too.
+    """
+    import_driver()
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
+                               report_every=args.report_every, seed=args.seed, **values)
+        wall = timed_launch(config)
+        yield wall, load_study(config)
 
 
 def load_study(config: Any) -> Any:

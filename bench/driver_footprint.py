@@ -28,17 +28,15 @@ from typing import Any
 
 from benchlib import (
     import_driver,
-    launch_config,
-    load_study,
     median,
     pre_create_stores,
     print_header,
     run_part,
     runs_from_study,
     search_argv,
+    search_launch,
     search_parser,
     table,
-    timed_launch,
     write_json,
 )
 
@@ -97,14 +95,10 @@ def record_costs(trials: int = 8, reports: int = 24, metrics: int = 30) -> dict[
 def launch_part(args: argparse.Namespace) -> dict[str, Any]:
     """One launch, measured from inside its driver (run in its own process)."""
     import_driver()
-    with tempfile.TemporaryDirectory(prefix="tuner-footprint-") as tmp:
-        config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
-                               report_every=args.report_every, num_cpus=2, seed=args.seed,
-                               no_tracking=args.no_tracking)
-        before = resource.getrusage(resource.RUSAGE_SELF)
-        wall = timed_launch(config)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    with search_launch(args, "tuner-footprint-", num_cpus=2, no_tracking=args.no_tracking) as (wall, study):
         after = resource.getrusage(resource.RUSAGE_SELF)
-        runs = runs_from_study(load_study(config), args.steps, args.report_every)
+        runs = runs_from_study(study, args.steps, args.report_every)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {"wall": wall, "cpu": cpu, "rss_before_mb": before.ru_maxrss / 1024, "rss_peak_mb": after.ru_maxrss / 1024,
             "records": sum(records_of(r) for r in runs), "tensorflow": "tensorflow" in sys.modules}

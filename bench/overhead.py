@@ -27,19 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
-    import_driver,
-    launch_config,
-    load_study,
     median,
     print_header,
     run_key,
     run_part,
     runs_from_study,
     search_argv,
+    search_launch,
     search_parser,
     table,
     tf_import_seconds,
-    timed_launch,
     write_json,
 )
 
@@ -49,13 +46,7 @@ GOAL = 1.10
 
 def tuner_part(args: argparse.Namespace) -> dict[str, Any]:
     """One timed launch (run in its own process by ``--part tuner``)."""
-    import_driver()
-    with tempfile.TemporaryDirectory(prefix="tuner-overhead-") as tmp:
-        config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
-                               report_every=args.report_every, num_cpus=args.slots, seed=args.seed,
-                               no_tracking=args.no_tracking)
-        wall = timed_launch(config)
-        study = load_study(config)
+    with search_launch(args, "tuner-overhead-", num_cpus=args.slots, no_tracking=args.no_tracking) as (wall, study):
         runs = runs_from_study(study, args.steps, args.report_every)
     return {"wall": wall, "runs": runs, "trials": args.trials}
 

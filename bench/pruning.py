@@ -116,15 +116,12 @@ def latency_samples(arrivals: list[tuple[float, Any]]) -> dict[str, list[float]]
             alarms[r.trial] = t
             forensics[r.trial] = float(r.info.get("forensics_seconds", 0.0)) if r.final else 0.0
     reached: dict[tuple[int, int], int] = {}  # (trial, seed) -> its last progress step before the alarm
-    out: dict[str, list[float]] = {"driver": [], "total": [], "steps": [], "starting": [], "training": [],
-                                   "gaps": _progress_gaps(arrivals)}
+    out: dict[str, list[float]] = {"steps": [], "starting": [], "training": [], "gaps": _progress_gaps(arrivals)}
     for t, r in arrivals:
         before = r.trial not in alarms or t < alarms[r.trial]
         if r.status.value == "running" and before:
             reached[(r.trial, r.seed)] = r.step
         elif r.final and r.status.value == "cancelled" and r.trial in alarms and r.error != QUEUED:
-            out["driver"].append(t - alarms[r.trial])
-            out["total"].append(t - alarms[r.trial] + forensics[r.trial])
             if r.step > 0:  # it was training (else it was still building its graph)
                 out["steps"].append(r.step - reached.get((r.trial, r.seed), 0))
                 out["training"].append(t - alarms[r.trial] + forensics[r.trial])
@@ -136,13 +133,12 @@ def latency_samples(arrivals: list[tuple[float, Any]]) -> dict[str, list[float]]
 def latency_figures(samples: list[dict[str, list[float]]], prefix: str) -> dict[str, Any]:
     """Medians and worst cases of the latency samples of one or more studies."""
     pooled = {k: [v for s in samples for v in s[k]] for k in samples[0]}
-    return {f"{prefix}samples": len(pooled["driver"]), f"{prefix}starting": len(pooled["starting"]),
+    return {f"{prefix}samples": len(pooled["training"]) + len(pooled["starting"]),
+            f"{prefix}starting": len(pooled["starting"]),
             f"{prefix}starting_latency": median(pooled["starting"]),
             f"{prefix}training_latency": median(pooled["training"]),
             f"{prefix}max_training_latency": max(pooled["training"], default=float("nan")),
             f"{prefix}report_interval": median(pooled["gaps"]),
-            f"{prefix}driver_latency": median(pooled["driver"]), f"{prefix}total_latency": median(pooled["total"]),
-            f"{prefix}max_latency": max(pooled["total"], default=float("nan")),
             f"{prefix}extra_steps": median(pooled["steps"]),
             f"{prefix}max_extra_steps": max(pooled["steps"], default=float("nan"))}
 

@@ -18,20 +18,16 @@ Goal: 2 slots reach at least 1.8x the trials per minute of 1 slot.
 from __future__ import annotations
 
 import argparse
-import tempfile
 from typing import Any
 
 from benchlib import (
-    import_driver,
-    launch_config,
-    load_study,
     median,
     print_header,
     run_part,
     search_argv,
+    search_launch,
     search_parser,
     table,
-    timed_launch,
     write_json,
 )
 
@@ -40,14 +36,8 @@ GOAL = 1.8
 
 def launch_part(args: argparse.Namespace) -> dict[str, Any]:
     """One timed launch with ``args.slots`` seed runs at once (run in its own process)."""
-    import_driver()
-    with tempfile.TemporaryDirectory(prefix="tuner-scaling-") as tmp:
-        config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
-                               report_every=args.report_every, num_cpus=2, max_concurrent=args.slots,
-                               seed=args.seed)
-        wall = timed_launch(config)
-        ends = sorted(t.datetime_complete for t in load_study(config).get_trials(deepcopy=False)
-                      if t.datetime_complete is not None)
+    with search_launch(args, "tuner-scaling-", num_cpus=2, max_concurrent=args.slots) as (wall, study):
+        ends = sorted(t.datetime_complete for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None)
     span = (ends[-1] - ends[0]).total_seconds() if len(ends) > 1 else float("nan")
     return {"wall": wall, "trials": len(ends), "e2e": 60 * len(ends) / wall,
             "steady": 60 * (len(ends) - 1) / span if span > 0 else float("nan")}
