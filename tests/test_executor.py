@@ -76,3 +76,28 @@ def test_executor_runs_two_seeds_at_once_on_two_slots(executor: RayExecutor) -> 
     records = collect(executor, 2)
     pids = {r.info["pid"] for r in records if r.final}
     assert len(pids) == 2  # two different worker processes
+
+
+def test_stop_monitor_kills_the_embedded_clusters_monitor() -> None:
+    """close() kills the autoscaler monitor first, not left to a SIGTERM it takes a second to obey.
+
+    Fails if Ray's private node internals move and ``_stop_monitor`` silently does nothing.
+    Run in a fresh process: the embedded cluster must be the executor's own.
+    """
+    import subprocess
+    import sys
+
+    script = (
+        "from tuner.executor import ClusterConfig, RayExecutor, _stop_monitor\n"
+        "import ray\n"
+        "ex = RayExecutor(ClusterConfig(num_cpus=1))\n"
+        "node = ray._private.worker._global_node\n"
+        "monitors = [i.process for i in node.all_processes[ray._private.ray_constants.PROCESS_TYPE_MONITOR]]\n"
+        "alive = [p.poll() is None for p in monitors]\n"
+        "_stop_monitor()\n"
+        "print('alive before', alive, 'after', [p.poll() is None for p in monitors])\n"
+        "ex.close()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "alive before [True] after [False]" in done.stdout, done.stdout + done.stderr[-2000:]
