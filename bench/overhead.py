@@ -1,6 +1,6 @@
 """Overhead: tuner's wall time against the floor, beside Ray Tune + OptunaSearch on the same search.
 
-Each repeat, side by side, each in a fresh process:
+Each repeat, side by side, each in a fresh process (1 and 2 in an order that rotates per repeat):
 
 1. ``tuner.launch.launch`` on iterated_mlp's shipped space (TPE, sampler seed 0), MLflow and
    Optuna on SQLite (schemas created beforehand, as on any launch after a machine's first); and
@@ -51,14 +51,22 @@ def tuner_part(args: argparse.Namespace) -> dict[str, Any]:
     return {"wall": wall, "runs": runs, "trials": args.trials}
 
 
-def one_repeat(args: argparse.Namespace, settings: list[str]) -> list[dict[str, Any]]:
-    """Every system once, then the bare loop over the union of their runs; a row per system."""
+def one_repeat(args: argparse.Namespace, settings: list[str], turn: int) -> list[dict[str, Any]]:
+    """Every system once, then the bare loop over the union of their runs; a row per system.
+
+    The systems' order rotates by ``turn``, so that each takes its turn first and last: the VM's
+    drift (see BENCHMARKS.md) then does not favour the same system in every repeat.
+    """
     common = [*search_argv(args), "--slots", str(args.slots)]
-    systems = {"tuner": run_part("overhead.py", ["--part", "tuner", *common])}
+    parts = {"tuner": ("overhead.py", ["--part", "tuner", *common])}
     if not args.smoke:
-        systems["tuner_no_mlflow"] = run_part("overhead.py", ["--part", "tuner", "--no-tracking", *common])
+        parts["tuner_no_mlflow"] = ("overhead.py", ["--part", "tuner", "--no-tracking", *common])
     for name in settings:
-        systems[name] = run_part("ray_tune_baseline.py", [*common, *SETTINGS[name]])
+        parts[name] = ("ray_tune_baseline.py", [*common, *SETTINGS[name]])
+    order = list(parts)
+    order = order[turn % len(order):] + order[: turn % len(order)]
+    ran = {name: run_part(*parts[name]) for name in order}
+    systems = {name: ran[name] for name in parts}  # rows in the usual order
     union = {run_key(r): r for s in systems.values() for r in s["runs"] if r["stop"] > 0}
     with tempfile.TemporaryDirectory(prefix="tuner-bare-") as tmp:
         path = Path(tmp) / "runs.json"
@@ -103,7 +111,7 @@ def main() -> None:
     rows = []
     headers = ["repeat", "system", "wall s", "bare s", "TF import s", "floor s", "ratio", "runs", "steps"]
     for n in range(args.repeats):
-        for row in one_repeat(args, settings):
+        for row in one_repeat(args, settings, turn=n):
             rows.append({"repeat": n + 1, **row})
             print(f"repeat {n + 1} {row['system']}: wall {row['wall']:.2f} s, floor {row['floor']:.2f} s, "
                   f"ratio {row['ratio']:.2f}", flush=True)
