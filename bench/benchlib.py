@@ -264,3 +264,61 @@ def load_study(config: Any) -> Any:
     import optuna
 
     return optuna.load_study(study_name=config.study_name, storage=config.storage)
+
+
+@contextlib.contextmanager
+def slot_clock(slots: int) -> Iterator[dict[str, float]]:
+    """Where a launch's slot time goes: instrumentation of ``RayExecutor`` (its dispatch and poll wrapped).
+
+    Fills the yielded dict on exit, in seconds from the executor's creation: ``ready`` (the last
+    worker has imported TensorFlow), ``end`` (the last run's final record), and in slot seconds
+    from ``ready`` to ``end``: ``busy`` (a run dispatched and not yet ended), ``wasted`` (runs
+    cancelled before their first step after they were dispatched: a sibling that was still
+    building its graph when another seed diverged) and ``idle`` (no run on the slot).
+    """
+    from tuner import executor as ex
+
+    marks: dict[str, Any] = {"start": None, "ready": [], "dispatched": {}, "ended": []}
+    original = (ex.RayExecutor.__init__, ex.RayExecutor._dispatch, ex.RayExecutor.poll, ex.RayExecutor._actor_started)
+
+    def init(self: Any, *a: Any, **k: Any) -> None:
+        marks["start"] = time.perf_counter()
+        original[0](self, *a, **k)
+
+    def dispatch(self: Any) -> None:
+        before = set(self._running)
+        original[1](self)
+        for gen in set(self._running) - before:
+            spec = self._running[gen][0]
+            marks["dispatched"][(spec.trial, spec.seed, spec.attempt)] = time.perf_counter()
+
+    def poll(self: Any, timeout: float) -> list[Any]:
+        records = original[2](self, timeout)
+        for r in records:
+            if r.final:
+                marks["ended"].append((r.trial, r.seed, r.step, r.status.value, time.perf_counter()))
+        return records
+
+    def started(self: Any, ref: Any) -> None:
+        original[3](self, ref)
+        marks["ready"].append(time.perf_counter())
+
+    ex.RayExecutor.__init__, ex.RayExecutor._dispatch, ex.RayExecutor.poll, ex.RayExecutor._actor_started = (
+        init, dispatch, poll, started)
+    figures: dict[str, float] = {}
+    try:
+        yield figures
+    finally:
+        ex.RayExecutor.__init__, ex.RayExecutor._dispatch, ex.RayExecutor.poll, ex.RayExecutor._actor_started = original
+    start, ready = marks["start"], max(marks["ready"], default=float("nan"))
+    end = max((e[-1] for e in marks["ended"]), default=float("nan"))
+    busy = wasted = 0.0
+    for trial, seed, step, status, at in marks["ended"]:
+        since = max((t for (tr, s, _), t in marks["dispatched"].items() if (tr, s) == (trial, seed)), default=None)
+        if since is None:
+            continue  # cancelled while queued: never held a slot
+        busy += at - since
+        if step == 0 and status == "cancelled":
+            wasted += at - since
+    figures.update(ready=ready - start, end=end - start, busy=busy, wasted=wasted,
+                   idle=slots * (end - ready) - busy)

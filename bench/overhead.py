@@ -35,6 +35,7 @@ from benchlib import (
     search_argv,
     search_launch,
     search_parser,
+    slot_clock,
     table,
     tf_import_seconds,
     write_json,
@@ -46,9 +47,11 @@ GOAL = 1.10
 
 def tuner_part(args: argparse.Namespace) -> dict[str, Any]:
     """One timed launch (run in its own process by ``--part tuner``)."""
-    with search_launch(args, "tuner-overhead-", num_cpus=args.slots, no_tracking=args.no_tracking) as (wall, study):
+    with slot_clock(args.slots) as slots, search_launch(
+        args, "tuner-overhead-", num_cpus=args.slots, no_tracking=args.no_tracking
+    ) as (wall, study):
         runs = runs_from_study(study, args.steps, args.report_every)
-    return {"wall": wall, "runs": runs, "trials": args.trials}
+    return {"wall": wall, "runs": runs, "trials": args.trials, "slots": slots}
 
 
 def one_repeat(args: argparse.Namespace, settings: list[str], turn: int) -> list[dict[str, Any]]:
@@ -85,7 +88,7 @@ def one_repeat(args: argparse.Namespace, settings: list[str], turn: int) -> list
         floor = bare_total / args.slots + tf_import
         rows.append({"system": name, "wall": system["wall"], "bare": bare_total, "tf_import": tf_import,
                      "floor": floor, "ratio": system["wall"] / floor, "runs": len(trained),
-                     "steps": sum(r["stop"] for r in trained)})
+                     "steps": sum(r["stop"] for r in trained), "slots": system.get("slots")})
     return rows
 
 
@@ -117,6 +120,11 @@ def main() -> None:
                   f"ratio {row['ratio']:.2f}", flush=True)
     print(table(headers, [[r["repeat"], r["system"], r["wall"], r["bare"], r["tf_import"], r["floor"], r["ratio"],
                            r["runs"], r["steps"]] for r in rows]))
+    timed = [r for r in rows if r["slots"]]
+    print("\nwhere tuner's slot time went (s; ready and end from the executor's start, slot seconds between them):")
+    print(table(["repeat", "system", "workers ready", "last run ended", "busy", "wasted on siblings", "idle"],
+                [[r["repeat"], r["system"], r["slots"]["ready"], r["slots"]["end"], r["slots"]["busy"],
+                  r["slots"]["wasted"], r["slots"]["idle"]] for r in timed]))
     names = [name for name in ("tuner", "tuner_no_mlflow", *settings) if any(r["system"] == name for r in rows)]
     medians = {name: {key: median([r[key] for r in rows if r["system"] == name])
                       for key in ("wall", "floor", "ratio")} for name in names}
