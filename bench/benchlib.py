@@ -290,7 +290,7 @@ def slot_clock(slots: int) -> Iterator[dict[str, float]]:
         original[1](self)
         for gen in set(self._running) - before:
             spec = self._running[gen][0]
-            marks["dispatched"][(spec.trial, spec.seed, spec.attempt)] = time.perf_counter()
+            marks["dispatched"][(spec.trial, spec.seed)] = time.perf_counter()  # a retry's dispatch replaces
 
     def poll(self: Any, timeout: float) -> list[Any]:
         records = original[2](self, timeout)
@@ -314,7 +314,7 @@ def slot_clock(slots: int) -> Iterator[dict[str, float]]:
     end = max((e[-1] for e in marks["ended"]), default=float("nan"))
     busy = wasted = 0.0
     for trial, seed, step, status, at in marks["ended"]:
-        since = max((t for (tr, s, _), t in marks["dispatched"].items() if (tr, s) == (trial, seed)), default=None)
+        since = marks["dispatched"].get((trial, seed))
         if since is None:
             continue  # cancelled while queued: never held a slot
         busy += at - since

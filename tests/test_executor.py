@@ -79,9 +79,11 @@ def test_executor_runs_two_seeds_at_once_on_two_slots(executor: RayExecutor) -> 
 
 
 def test_stop_monitor_kills_the_embedded_clusters_monitor() -> None:
-    """close() kills the autoscaler monitor first, not left to a SIGTERM it takes a second to obey.
+    """``_stop_monitor`` (which close() calls before ray.shutdown) kills the autoscaler monitor.
 
     Fails if Ray's private node internals move and ``_stop_monitor`` silently does nothing.
+    (Through close() alone the two paths look alike: Ray too ends the monitor with SIGKILL, a
+    second later.)
     Run in a fresh process: the embedded cluster must be the executor's own.
     """
     import subprocess
