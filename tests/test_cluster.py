@@ -82,8 +82,10 @@ def mlflow_runs(uri: str) -> dict[int, object]:
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("s")
-    runs = client.search_runs([experiment.experiment_id], max_results=1000)
-    return {int(r.data.tags["trial"]): r for r in runs if "trial" in r.data.tags}
+    runs = [r for r in client.search_runs([experiment.experiment_id], max_results=1000) if "trial" in r.data.tags]
+    by_trial = {(r.data.tags["mlflow.parentRunId"], int(r.data.tags["trial"])): r for r in runs}
+    assert len(by_trial) == len(runs), "a launch has two MLflow runs for one trial"
+    return {trial: r for (_, trial), r in by_trial.items()}
 
 
 def check_terminal(tmp: Path, uri: str, expect_finished: int) -> list[optuna.trial.FrozenTrial]:

@@ -17,15 +17,24 @@ KNOBS = {"fault": "none", "bad_step": 0, "batch_size": 8, "width": 1}
 
 
 def run_two(config: ClusterConfig) -> list[RunRecord]:
-    """Two seed runs at once on a fresh executor; their final records."""
+    """Two seed runs at once, on two distinct workers of a fresh executor; their final records.
+
+    Both runs are submitted only once two workers are up, so that neither can run after the other
+    on the same worker (which would give both the same GPU whatever the placement).
+    """
     executor = RayExecutor(config)
     try:
+        deadline = time.monotonic() + 120
+        while len(executor.workers) < 2 and time.monotonic() < deadline:
+            executor.poll(0.5)
+        assert len(executor.workers) >= 2, "two workers did not start within 120 s"
         for seed in (0, 1):
             executor.submit(RunSpec(0, seed, PLANTED, TrainConfig(1e-2, knobs=KNOBS), 3000, 100))
         finals: list[RunRecord] = []
-        deadline = time.monotonic() + 120
-        while len(finals) < 2 and time.monotonic() < deadline:
+        while len(finals) < 2 and time.monotonic() < deadline + 120:
             finals += [r for r in executor.poll(0.5) if r.final]
+        assert len(finals) == 2
+        assert finals[0].info["pid"] != finals[1].info["pid"], "the two runs shared a worker"
         return finals
     finally:
         executor.close()

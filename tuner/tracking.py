@@ -60,6 +60,7 @@ class Tracker:
                 "MLFLOW_TRACKING_URI, or pass --no-tracking to run without MLflow"
             ) from exc
         self._runs: dict[int, str] = {}  # trial number -> child run id
+        self._create_tried: set[int] = set()  # trials whose child run creation was sent at least once
         self._ops: deque[Callable[[], object]] = deque()
         self._metrics: dict[int, list[Any]] = {}  # trial number -> metrics not yet queued
         self._warned = False
@@ -209,12 +210,25 @@ class Tracker:
         return closed
 
     def _create_child(self, number: int, params: Mapping[str, Any]) -> None:
-        if number in self._runs:
-            return
-        tags = {"mlflow.parentRunId": self.parent_id, "trial": str(number), "status": "running"}
-        run = self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}")
-        self._runs[number] = run.info.run_id
-        self.client.log_batch(run.info.run_id, params=[self._Param(k, str(v)) for k, v in params.items()])
+        """Create the trial's child run and log its params; safe to retry after a failure.
+
+        A server that dies mid-request may have created the run without answering, so a retry
+        first looks for that run instead of creating a second one for the same trial.
+        """
+        if number not in self._runs:
+            found = self._find_child(number) if number in self._create_tried else None
+            self._create_tried.add(number)
+            if found is None:
+                tags = {"mlflow.parentRunId": self.parent_id, "trial": str(number), "status": "running"}
+                found = self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}").info.run_id
+            self._runs[number] = found
+        self.client.log_batch(self._runs[number], params=[self._Param(k, str(v)) for k, v in params.items()])
+
+    def _find_child(self, number: int) -> str | None:
+        """The id of this launch's child run of trial ``number``, if the store has one."""
+        query = f"tags.trial = '{number}' and tags.`mlflow.parentRunId` = '{self.parent_id}'"
+        runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=1)
+        return runs[0].info.run_id if runs else None
 
     def _queue_metrics(self) -> None:
         """Queue the buffered metrics (from the search loop's thread only)."""

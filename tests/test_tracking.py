@@ -1,0 +1,58 @@
+"""MLflow tracking through a store that loses answers: retries log everything once, nothing twice."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.records import RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
+
+
+def lose_first_answer(method: Callable[..., Any], lost: list[str]) -> Callable[..., Any]:
+    """``method``, whose first call reaches the store and then fails as if the answer was lost."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = method(*args, **kwargs)
+        if method.__name__ not in lost:
+            lost.append(method.__name__)
+            raise ConnectionError(f"{method.__name__}: connection reset before the answer")
+        return result
+
+    return call
+
+
+def test_tracker_retries_after_lost_answers_make_one_run_per_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from tuner.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    tracker = Tracker(uri, "lossy", {"model": "planted"})
+    lost: list[str] = []
+    for name in ("create_run", "log_batch", "set_terminated"):
+        monkeypatch.setattr(tracker.client, name, lose_first_answer(getattr(tracker.client, name), lost))
+    config = TrainConfig(1e-2)
+    tracker.on_trial_start(0, config)
+    records = [RunRecord(0, 0, step, RunStatus.RUNNING, loss=1.0 / step) for step in (10, 20, 30)]
+    final = RunRecord(0, 0, 30, RunStatus.SURVIVED, final=True, steps_survived=30, val_loss=0.5)
+    for record in [*records, final]:
+        tracker.on_trial_result(record)
+    tracker.on_trial_complete(TrialOutcome(0, config, TrialState.COMPLETE, (final,), value=0.5))
+    tracker.close()
+    assert sorted(lost) == ["create_run", "log_batch", "set_terminated"]  # each failed once
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("lossy")
+    children = [r for r in client.search_runs([experiment.experiment_id]) if "trial" in r.data.tags]
+    assert len(children) == 1  # the retried creation found the run the lost answer had made
+    run = children[0]
+    assert (run.data.tags["status"], run.info.status) == ("survived", "FINISHED")
+    assert run.data.params["learning_rate"] == "0.01"
+    history = client.get_metric_history(run.info.run_id, "seed0/loss")
+    assert [m.step for m in history] == [10, 20, 30]  # once each, though a batch was sent twice
