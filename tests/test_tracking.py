@@ -56,3 +56,39 @@ def test_tracker_retries_after_lost_answers_make_one_run_per_trial(
     assert run.data.params["learning_rate"] == "0.01"
     history = client.get_metric_history(run.info.run_id, "seed0/loss")
     assert [m.step for m in history] == [10, 20, 30]  # once each, though a batch was sent twice
+
+
+def test_restart_closes_a_dead_drivers_runs_and_logs_the_trial_it_never_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from tuner.launch import repair
+    from tuner.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 't.db'}")
+    done = study.ask({"learning_rate": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    study.tell(done, 0.5)
+    running = study.ask({"learning_rate": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    unlogged = study.ask({"learning_rate": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    dead = Tracker(uri, "s", {"model": "planted"})  # the driver that is killed: its runs stay RUNNING
+    dead.on_trial_start(done.number, TrainConfig(1e-3))
+    dead.on_trial_start(running.number, TrainConfig(2e-3))
+    assert dead.flush()  # ... and it was killed before it logged the third trial
+
+    again = Tracker(uri, "s", {"model": "planted"})
+    repair(study, again)
+    again.close()
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("s")
+    runs = [r for r in client.search_runs([experiment.experiment_id]) if "trial" in r.data.tags]
+    by_trial = {int(r.data.tags["trial"]): r for r in runs}
+    assert len(by_trial) == len(runs) == 3  # one run per trial, the unlogged one included
+    got = {n: (r.data.tags["status"], r.info.status) for n, r in by_trial.items()}
+    assert got == {done.number: ("survived", "FINISHED"), running.number: ("failed", "KILLED"),
+                   unlogged.number: ("failed", "KILLED")}
+    assert by_trial[unlogged.number].data.params["learning_rate"] == str(unlogged.params["learning_rate"])

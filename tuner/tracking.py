@@ -207,7 +207,30 @@ class Tracker:
                     self.client.set_tag(run.info.run_id, "reason", "the launch driving it stopped")
                 self.client.set_terminated(run.info.run_id, "KILLED")
             closed += 1
+        closed += self._log_unlogged_reruns(study, runs)
         return closed
+
+    def _log_unlogged_reruns(self, study: Any, open_runs: list[Any]) -> int:
+        """A closed run for each interrupted trial whose run the dead driver had not yet created."""
+        trials = study.get_trials(deepcopy=False)
+        interrupted = {t.user_attrs["rerun_of"] for t in trials if "rerun_of" in t.user_attrs}
+        if not interrupted:
+            return 0
+        logged = {r.data.tags.get("trial") for r in open_runs}
+        logged |= {r.data.tags.get("trial") for r in self.client.search_runs(
+            [self.experiment_id], filter_string="attributes.status != 'RUNNING'", max_results=5000)}
+        made = 0
+        for trial in trials:
+            if trial.number not in interrupted or str(trial.number) in logged:
+                continue
+            tags = {"mlflow.parentRunId": self.parent_id, "trial": str(trial.number), "status": "failed",
+                    "reason": "the launch driving it stopped before it logged the trial"}
+            run = self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{trial.number}")
+            params = [self._Param(k, str(v)) for k, v in {**trial.params, "trial": trial.number}.items()]
+            self.client.log_batch(run.info.run_id, params=params)
+            self.client.set_terminated(run.info.run_id, "KILLED")
+            made += 1
+        return made
 
     def _create_child(self, number: int, params: Mapping[str, Any]) -> None:
         """Create the trial's child run and log its params; safe to retry after a failure.
