@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tuner.executor import RayExecutor
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -50,3 +55,11 @@ def run_tuner(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Co
         [sys.executable, "-m", "tuner", *args], cwd=cwd, env=env, capture_output=True,
         text=True, timeout=timeout,
     )
+
+
+def wait_for_workers(executor: RayExecutor, count: int = 2, timeout: float = 120) -> None:
+    """Poll ``executor`` until ``count`` workers have started (else one worker may run two runs in turn)."""
+    deadline = time.monotonic() + timeout
+    while len(executor.workers) < count and time.monotonic() < deadline:
+        executor.poll(0.5)
+    assert len(executor.workers) >= count, f"{count} workers did not start within {timeout:.0f} s"

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import PLANTED
+from tests.conftest import PLANTED, wait_for_workers
 from tuner.executor import ClusterConfig, RayExecutor
 from tuner.records import RunRecord, RunSpec, RunStatus, TrainConfig
 
@@ -71,9 +71,7 @@ def test_executor_model_error_fails_run_with_message(executor: RayExecutor) -> N
 
 def test_executor_runs_two_seeds_at_once_on_two_slots(executor: RayExecutor) -> None:
     assert executor.slots == 2
-    deadline = time.monotonic() + 120
-    while len(executor.workers) < 2 and time.monotonic() < deadline:  # else one could run both in turn
-        executor.poll(0.5)
+    wait_for_workers(executor)
     executor.submit(spec(4, seed=0, steps=2000))
     executor.submit(spec(4, seed=1, steps=2000))
     records = collect(executor, 2)

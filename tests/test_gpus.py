@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.conftest import PLANTED
+from tests.conftest import PLANTED, wait_for_workers
 from tuner.errors import ClusterError
 from tuner.executor import ClusterConfig, RayExecutor
 from tuner.records import RunRecord, RunSpec, TrainConfig
@@ -24,14 +24,12 @@ def run_two(config: ClusterConfig) -> list[RunRecord]:
     """
     executor = RayExecutor(config)
     try:
-        deadline = time.monotonic() + 120
-        while len(executor.workers) < 2 and time.monotonic() < deadline:
-            executor.poll(0.5)
-        assert len(executor.workers) >= 2, "two workers did not start within 120 s"
+        wait_for_workers(executor)
         for seed in (0, 1):
             executor.submit(RunSpec(0, seed, PLANTED, TrainConfig(1e-2, knobs=KNOBS), 3000, 100))
         finals: list[RunRecord] = []
-        while len(finals) < 2 and time.monotonic() < deadline + 120:
+        deadline = time.monotonic() + 120
+        while len(finals) < 2 and time.monotonic() < deadline:
             finals += [r for r in executor.poll(0.5) if r.final]
         assert len(finals) == 2
         assert finals[0].info["pid"] != finals[1].info["pid"], "the two runs shared a worker"

@@ -207,28 +207,24 @@ class Tracker:
                     self.client.set_tag(run.info.run_id, "reason", "the launch driving it stopped")
                 self.client.set_terminated(run.info.run_id, "KILLED")
             closed += 1
-        closed += self._log_unlogged_reruns(study, runs)
+        closed += self._log_unlogged_reruns(study)
         return closed
 
-    def _log_unlogged_reruns(self, study: Any, open_runs: list[Any]) -> int:
+    def _log_unlogged_reruns(self, study: Any) -> int:
         """A closed run for each interrupted trial whose run the dead driver had not yet created."""
         trials = study.get_trials(deepcopy=False)
         interrupted = {t.user_attrs["rerun_of"] for t in trials if "rerun_of" in t.user_attrs}
         if not interrupted:
             return 0
-        logged = {r.data.tags.get("trial") for r in open_runs}
-        logged |= {r.data.tags.get("trial") for r in self.client.search_runs(
-            [self.experiment_id], filter_string="attributes.status != 'RUNNING'", max_results=5000)}
+        logged = {r.data.tags.get("trial") for r in self.client.search_runs([self.experiment_id], max_results=5000)}
         made = 0
         for trial in trials:
             if trial.number not in interrupted or str(trial.number) in logged:
                 continue
-            tags = {"mlflow.parentRunId": self.parent_id, "trial": str(trial.number), "status": "failed",
-                    "reason": "the launch driving it stopped before it logged the trial"}
-            run = self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{trial.number}")
-            params = [self._Param(k, str(v)) for k, v in {**trial.params, "trial": trial.number}.items()]
-            self.client.log_batch(run.info.run_id, params=params)
-            self.client.set_terminated(run.info.run_id, "KILLED")
+            reason = "the launch driving it stopped before it logged the trial"
+            run_id = self._new_child(trial.number, status="failed", reason=reason)
+            self._log_params(run_id, {**trial.params, "trial": trial.number})
+            self.client.set_terminated(run_id, "KILLED")
             made += 1
         return made
 
@@ -241,11 +237,16 @@ class Tracker:
         if number not in self._runs:
             found = self._find_child(number) if number in self._create_tried else None
             self._create_tried.add(number)
-            if found is None:
-                tags = {"mlflow.parentRunId": self.parent_id, "trial": str(number), "status": "running"}
-                found = self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}").info.run_id
-            self._runs[number] = found
-        self.client.log_batch(self._runs[number], params=[self._Param(k, str(v)) for k, v in params.items()])
+            self._runs[number] = found if found is not None else self._new_child(number, status="running")
+        self._log_params(self._runs[number], params)
+
+    def _new_child(self, number: int, **tags: str) -> str:
+        """Create a child run of trial ``number`` under this launch's parent run; its id."""
+        tags = {"mlflow.parentRunId": self.parent_id, "trial": str(number), **tags}
+        return self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}").info.run_id
+
+    def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        self.client.log_batch(run_id, params=[self._Param(k, str(v)) for k, v in params.items()])
 
     def _find_child(self, number: int) -> str | None:
         """The id of this launch's child run of trial ``number``, if the store has one."""
