@@ -12,6 +12,7 @@ import logging
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,12 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     model = load_model(config.model)
     space = resolve_space(config, model)
     skip, skipped = run_preflight(config, model, space)  # before anything is started or created
-    executor = RayExecutor(cluster_config(config))
+    with ThreadPoolExecutor(1, thread_name_prefix="tuner-mlflow-connect") as pool:
+        connecting = pool.submit(connect_tracking, config)  # MLflow's import and store, while Ray starts
+        executor = RayExecutor(cluster_config(config))  # on error, the pool waits for the connect
     tracker, closing = None, None
     try:
-        tracker = make_tracker(config)
+        tracker = make_tracker(config, connecting.result())
         if tracker and skip:
             tracker.set_launch_tags(_skip_tags(skip, skipped))
         study = open_study(config, space)
@@ -132,15 +135,24 @@ def cluster_config(config: LaunchConfig) -> Any:
     )
 
 
-def make_tracker(config: LaunchConfig) -> Any:
-    """The MLflow tracker (None with --no-tracking); a clear error if the store is unreachable."""
+def connect_tracking(config: LaunchConfig) -> Any:
+    """An MLflow client whose store answered (tuner.tracking.connect); None with --no-tracking."""
     if config.no_tracking or config.tracking_uri is None:
+        return None
+    from tuner.tracking import connect
+
+    return connect(config.tracking_uri)
+
+
+def make_tracker(config: LaunchConfig, client: Any) -> Any:
+    """The MLflow tracker on ``client`` (from :func:`connect_tracking`; None: no tracking)."""
+    if client is None or config.tracking_uri is None:
         return None
     from tuner.tracking import Tracker
 
     params = {k: v for k, v in config.model_dump().items() if k not in ("storage", "tracking_uri")}
     params["storage"] = redact(config.storage)
-    return Tracker(config.tracking_uri, config.study_name, params)
+    return Tracker(config.tracking_uri, config.study_name, params, client)
 
 
 def open_study(config: LaunchConfig, space: SearchSpace) -> Any:

@@ -34,19 +34,46 @@ _BATCH = 1000
 DIVERGENCE_FILE = "divergence.json"
 
 
+def connect(uri: str) -> Any:
+    """An MLflow client of ``uri`` whose store answered: the slow part of a launch's tracking.
+
+    Importing MLflow and opening its store (schema checks of a database) take 3-4 s of CPU on
+    this project's machine; ``tuner.launch`` does it while Ray starts.
+
+    Raises:
+        TrackingError: the store does not answer.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)
+    except Exception as exc:  # any failure here means the store is unusable
+        raise _unreachable(uri, exc) from exc
+    return client
+
+
+def _unreachable(uri: str, exc: BaseException) -> TrackingError:
+    return TrackingError(
+        f"cannot reach the MLflow tracking store at {_redact(uri)}: {_first_line(exc)}. "
+        "Start it (mlflow server --host 127.0.0.1 --port 5000), fix --tracking-uri / "
+        "MLFLOW_TRACKING_URI, or pass --no-tracking to run without MLflow"
+    )
+
+
 class Tracker:
     """Logs a launch to MLflow (see the module docs); a Callback of ``tuner.search``."""
 
-    def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, Any]) -> None:
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, Any], client: Any = None) -> None:
+        """Create the parent run; ``client`` is one :func:`connect` made beforehand (else made here)."""
         from mlflow.entities import Metric, Param, RunTag
-        from mlflow.tracking import MlflowClient
 
         self._Metric, self._Param, self._Tag = Metric, Param, RunTag
         self.uri = uri
+        self.client = client if client is not None else connect(uri)
         try:
-            self.client = MlflowClient(tracking_uri=uri)
             found = self.client.get_experiment_by_name(experiment)
             self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
             tags = {"tuner.role": "study", "study": experiment}
@@ -54,11 +81,7 @@ class Tracker:
             self.parent_id = parent.info.run_id
             self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in launch_params.items()])
         except Exception as exc:  # any failure here means the store is unusable
-            raise TrackingError(
-                f"cannot reach the MLflow tracking store at {_redact(uri)}: {_first_line(exc)}. "
-                "Start it (mlflow server --host 127.0.0.1 --port 5000), fix --tracking-uri / "
-                "MLFLOW_TRACKING_URI, or pass --no-tracking to run without MLflow"
-            ) from exc
+            raise _unreachable(uri, exc) from exc
         self._runs: dict[int, str] = {}  # trial number -> child run id
         self._create_tried: set[int] = set()  # trials whose child run creation was sent at least once
         self._ops: deque[Callable[[], object]] = deque()
