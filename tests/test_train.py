@@ -73,13 +73,11 @@ def test_train_run_should_stop_cancels_at_next_report() -> None:
     model = Planted()
     knobs = {k: v.default for k, v in model.knobs.items()}
     spec = RunSpec(0, 0, "planted", TrainConfig(1e-2, knobs=knobs), 10_000, 10)
-    asked = []
-
-    def stop_after_build() -> bool:  # false when the graph is built, true at the first report
-        asked.append(True)
-        return len(asked) > 1
-
-    records = list(train_run(model, model.data(knobs), spec, should_stop=stop_after_build))
+    reported: list[int] = []  # false while the graph is built, true once the first report is out
+    records = []
+    for record in train_run(model, model.data(knobs), spec, should_stop=lambda: bool(reported)):
+        records.append(record)
+        reported.append(record.step)
     assert records[-1].status is RunStatus.CANCELLED and records[-1].steps_survived == 10
 
 
@@ -92,6 +90,25 @@ def test_train_run_cancelled_during_its_graph_build_trains_no_step() -> None:
     records = list(train_run(model, model.data(knobs), spec, should_stop=lambda: True))
     assert len(records) == 1
     assert records[0].final and records[0].status is RunStatus.CANCELLED and records[0].step == 0
+
+
+def test_train_run_cancel_stops_a_build_midway() -> None:
+    """A cancel that comes while the graph is being built ends the run before the build does."""
+    from tuner.models import load_model
+    from tuner.train import train_run
+
+    model = load_model("iterated_mlp")
+    knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 16}
+    spec = RunSpec(0, 0, "iterated_mlp", TrainConfig(1e-3, knobs=knobs), 10_000, 10)
+    asked: list[bool] = []
+
+    def cancelled_soon() -> bool:  # the cancel arrives while the first ~200 ops are made
+        asked.append(True)
+        return len(asked) >= 3
+
+    records = list(train_run(model, model.data(knobs), spec, should_stop=cancelled_soon))
+    assert len(records) == 1 and records[0].status is RunStatus.CANCELLED and records[0].step == 0
+    assert len(asked) == 3  # asked every StoppableGraph.CHECK_EVERY ops while building, not after the stop
 
 
 def test_build_adds_l2_over_kernels_only() -> None:

@@ -46,9 +46,41 @@ class Built:
     state_reader: StateReader
 
 
-def build(model: Model, config: TrainConfig, seed: int) -> Built:
-    """Build the model into a fresh graph and add what tuner owns (see tuner.models.base)."""
-    graph = tf.Graph()
+class BuildStopped(Exception):
+    """The run was cancelled while its graph was being built."""
+
+
+class StoppableGraph(tf.Graph):
+    """A graph whose op creation raises :class:`BuildStopped` once ``should_stop()`` turns true.
+
+    Building a graph takes 1-3 s (gradients of an unrolled model are thousands of ops), longer
+    than many runs train before a sibling seed diverges: without this, a cancelled run would
+    hold its slot until its build ends. ``should_stop`` is asked every ``CHECK_EVERY`` ops
+    (~10 ms of building). Every op a Python TF API makes goes through ``_create_op_internal``;
+    were that to change in a later TensorFlow, a build would simply not stop early.
+    """
+
+    CHECK_EVERY = 64
+
+    def __init__(self, should_stop: Callable[[], bool]) -> None:
+        super().__init__()
+        self._should_stop = should_stop
+        self._made = 0
+
+    def _create_op_internal(self, *args: Any, **kwargs: Any) -> Any:
+        self._made += 1
+        if self._made % self.CHECK_EVERY == 0 and self._should_stop():
+            raise BuildStopped(f"cancelled after {self._made} ops of the graph were built")
+        return super()._create_op_internal(*args, **kwargs)
+
+
+def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[], bool] | None = None) -> Built:
+    """Build the model into a fresh graph and add what tuner owns (see tuner.models.base).
+
+    Raises:
+        BuildStopped: ``should_stop()`` turned true during the build.
+    """
+    graph = tf.Graph() if should_stop is None else StoppableGraph(should_stop)
     with graph.as_default():
         tf1.set_random_seed(seed)
         mg = model.build(config.knobs)
@@ -179,16 +211,21 @@ def train_run(
     Stops at the first step whose loss, gradient norm or updated weights are non-finite, and
     replays that step to find the op that went non-finite first (the final record's
     ``forensics``). Stops early (final status CANCELLED) when ``should_stop()`` turns true; it is
-    checked once the graph is built and at each report. ``sample_ids`` maps a training sample of
-    ``data`` to its index in the model's data (when the preflight left samples out).
+    checked while the graph is built (:class:`StoppableGraph`), once it is built and at each
+    report. ``sample_ids`` maps a training sample of ``data`` to its index in the model's data
+    (when the preflight left samples out).
     """
-    built = build(model, spec.config, spec.seed)
     info = dict(info or {})
+    try:
+        built = build(model, spec.config, spec.seed, should_stop)
+    except BuildStopped:
+        yield _final(spec, Telemetry(spec.config.clip_norm), 0, RunStatus.CANCELLED, None, None, info)
+        return
     with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as sess:
         sess.run(tf1.global_variables_initializer())
         stepper = Stepper(sess, built, data, spec)
         telemetry = stepper.telemetry
-        if should_stop():  # cancelled while the graph was built (a build cannot be interrupted)
+        if should_stop():  # cancelled between the build's last check and here
             yield _final(spec, telemetry, 0, RunStatus.CANCELLED, None, None, info)
             return
         started = time.perf_counter()
