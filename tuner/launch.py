@@ -58,10 +58,13 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             callbacks = [c for c in (tracker, view) if c is not None]
             run_id = tracker.run_id if tracker else None
             search = Search(study, space, config.model, executor, budget, callbacks, run_id, skip=skip)
-            _run_with_flush(search, todo, tracker)
+            if todo > 0:
+                search.run(todo)
         # the cluster is not needed any more: it shuts down while the results are written
         closing = threading.Thread(target=executor.close, name="tuner-ray-shutdown")
         closing.start()
+        if tracker:
+            tracker.flush()
         console.print(summary_table(search.outcomes, space.searched()))
         doc = best_config(study, config.storage, config.steps)
         write_best(config.out, doc)
@@ -193,14 +196,6 @@ def repair(study: Any, tracker: Any) -> int:
     trials = study.get_trials(deepcopy=False)
     interrupted = {t.user_attrs["rerun_of"] for t in trials if "rerun_of" in t.user_attrs}
     return sum(t.state.is_finished() for t in trials) - len(interrupted)
-
-
-def _run_with_flush(search: Any, todo: int, tracker: Any) -> None:
-    """Run the search; the tracker is flushed by its own callback, and once more at the end."""
-    if todo > 0:
-        search.run(todo)
-    if tracker:
-        tracker.flush()
 
 
 def _study_summary(study: Any) -> dict[str, float]:
