@@ -11,8 +11,9 @@ MLflow), with a callback that timestamps every record as the driver receives it.
   CANCELLED records; were there no alarm, the diverged seed's ``forensics_seconds`` would be
   added (the replay then runs before the worker sends anything);
   A sibling cancelled while it was still building its graph (no step trained yet) counts too,
-  and is shown apart ("starting"): a graph build cannot be interrupted; a sibling cancelled in
-  the executor's queue before it started does not count;
+  and is shown apart ("starting"): it stops within about 64 ops of the build
+  (``tuner.train.StoppableGraph``); a sibling cancelled in the executor's queue before it
+  started does not count;
 - report interval: the median time between two progress records of a run, the unit in which the
   goal (siblings cancelled within one report interval) is stated; and the steps a sibling trained
   past its last progress record before the alarm (at most ``report_every`` when it stops at its
@@ -201,7 +202,7 @@ def main() -> None:
     starting = m[prefix + "starting_latency"]
     if starting == starting:
         print(f"RESULT pruning cancel_latency_starting = {starting:.3f} s for a sibling still building its graph "
-              "(it stops when the build ends)")
+              "(it stops mid-build)")
     write_json(args.json, {"rows": rows, "medians": m})
 
 
