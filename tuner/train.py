@@ -46,8 +46,12 @@ class Built:
     state_reader: StateReader
 
 
-class BuildStopped(Exception):
-    """The run was cancelled while its graph was being built."""
+class BuildStopped(BaseException):
+    """The run was cancelled while its graph was being built.
+
+    A BaseException, like asyncio's CancelledError: model code that catches ``Exception`` around
+    a layer does not swallow it.
+    """
 
 
 class StoppableGraph(tf.Graph):
