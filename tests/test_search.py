@@ -7,12 +7,14 @@ end to end in test_launch.py.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from dataclasses import replace
 
 import optuna
 import pytest
 
+from tuner.evidence import SeedStream
 from tuner.models import Knob
 from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrialState
 from tuner.search import Budget, Search, judge
@@ -21,18 +23,27 @@ from tuner.spaces import space_from
 KNOBS = {"width": Knob("int", 8, 1, 64)}
 
 
-def outcome_of(spec: RunSpec) -> tuple[int | None, float]:
-    """Known landscape: lr above 1e-2 diverges (sooner when larger); best val loss at lr = 10**-2.5."""
+INIT_LOSS = 5.0  # every fake run's validation loss at initialisation
+
+
+def outcome_of(spec: RunSpec, bad_seeds: frozenset[int] = frozenset()) -> tuple[int | None, float]:
+    """Known landscape: lr above 1e-2 diverges (sooner when larger); best val loss at lr = 10**-2.5.
+
+    Between 10**-2.7 and 10**-2.3 a config is fragile: it diverges at step 150 on ``bad_seeds``.
+    """
     lr = spec.config.learning_rate
-    diverge_at = int(0.5 / lr) + spec.seed if lr > 1e-2 else None
-    return diverge_at, (math.log10(lr) + 2.5) ** 2 + 0.01 * spec.seed
+    noise = 0.01 * (spec.seed % 2)
+    diverge_at = int(0.5 / lr) + spec.seed % 2 if lr > 1e-2 else None
+    if spec.seed in bad_seeds and 10**-2.7 < lr < 10**-2.3:
+        diverge_at = 150
+    return diverge_at, (math.log10(lr) + 2.5) ** 2 + noise
 
 
 class FakeExecutor:
     """Runs each spec instantly in process, streaming its records one poll at a time."""
 
-    def __init__(self, slots: int = 2, fail_trial: int | None = None) -> None:
-        self.slots, self.fail_trial = slots, fail_trial
+    def __init__(self, slots: int = 2, fail_trial: int | None = None, bad_seeds: frozenset[int] = frozenset()) -> None:
+        self.slots, self.fail_trial, self.bad_seeds = slots, fail_trial, bad_seeds
         self.running: dict[tuple[int, int], deque[RunRecord]] = {}
         self.cancelled: list[int] = []
         self.submitted: list[RunSpec] = []
@@ -47,23 +58,25 @@ class FakeExecutor:
         self.running[(spec.trial, spec.seed)] = deque(self._records(spec))
 
     def _records(self, spec: RunSpec) -> list[RunRecord]:
-        if spec.trial == self.fail_trial and spec.seed == 0:
-            return [RunRecord(spec.trial, 0, 0, RunStatus.FAILED, final=True, error="boom")]
-        diverge_at, val = outcome_of(spec)
+        if spec.trial == self.fail_trial and spec.seed == spec_seeds(spec.trial)[0]:
+            return [RunRecord(spec.trial, spec.seed, 0, RunStatus.FAILED, final=True, error="boom")]
+        diverge_at, val = outcome_of(spec, self.bad_seeds)
         end = min(diverge_at or spec.steps + 1, spec.steps + 1)
         out = [
-            RunRecord(spec.trial, spec.seed, s, RunStatus.RUNNING, loss=1.0 / s, steps_survived=s)
+            RunRecord(spec.trial, spec.seed, s, RunStatus.RUNNING, loss=1.0 / s, steps_survived=s, phase=spec.phase)
             for s in range(spec.report_every, end, spec.report_every)
         ]
         if diverge_at is not None and diverge_at <= spec.steps:
             out.append(RunRecord(spec.trial, spec.seed, diverge_at, RunStatus.DIVERGED,
-                                 steps_survived=diverge_at - 1, diverged_on=DivergedOn.LOSS))  # the alarm
+                                 steps_survived=diverge_at - 1, diverged_on=DivergedOn.LOSS,
+                                 phase=spec.phase))  # the alarm
             out.append(RunRecord(spec.trial, spec.seed, diverge_at, RunStatus.DIVERGED, final=True,
                                  steps_survived=diverge_at - 1, last_finite_loss=0.5,
-                                 diverged_on=DivergedOn.LOSS))
+                                 diverged_on=DivergedOn.LOSS, phase=spec.phase, init_val_loss=INIT_LOSS))
         else:
             out.append(RunRecord(spec.trial, spec.seed, spec.steps, RunStatus.SURVIVED, final=True,
-                                 steps_survived=spec.steps, val_loss=val))
+                                 steps_survived=spec.steps, val_loss=val, phase=spec.phase,
+                                 init_val_loss=INIT_LOSS))
         return out
 
     def cancel(self, trial: int) -> None:
@@ -86,11 +99,21 @@ class FakeExecutor:
         return out
 
 
-def make_search(trials: int, executor: FakeExecutor, sampler: optuna.samplers.BaseSampler) -> Search:
+STREAM = SeedStream(7)
+
+
+def spec_seeds(trial: int) -> tuple[int, ...]:
+    """The search seeds a trial of these tests gets."""
+    return STREAM.search(trial, 2)
+
+
+def make_search(trials: int, executor: FakeExecutor, sampler: optuna.samplers.BaseSampler,
+                race_seeds: int = 0) -> Search:
     params = {"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}}
     space = space_from(params, "fake", KNOBS, "<test>")
     study = optuna.create_study(direction="minimize", sampler=sampler)
-    return Search(study, space, "fake", executor, Budget(trials, steps=200, seeds=2, report_every=20))
+    budget = Budget(trials, steps=200, seeds=2, report_every=20, race_seeds=race_seeds)
+    return Search(study, space, "fake", executor, budget, stream=STREAM)
 
 
 def test_search_seeded_tpe_finds_the_known_best() -> None:
@@ -110,8 +133,9 @@ def test_search_diverged_seed_prunes_trial_and_cancels_siblings() -> None:
     assert outcome.state is TrialState.PRUNED and trial.state == optuna.trial.TrialState.PRUNED
     assert executor.cancelled == [0]
     assert executor.finals_before_cancel == []  # cancelled on the divergence alarm, not the final record
-    assert outcome.divergence is not None and outcome.divergence.step == 5  # int(0.5 / 0.1) + seed 0
-    assert trial.user_attrs["divergence_step"] == 5
+    first_step = min(5 + seed % 2 for seed in spec_seeds(0))  # int(0.5 / 0.1) + seed % 2
+    assert outcome.divergence is not None and outcome.divergence.step == first_step
+    assert trial.user_attrs["divergence_step"] == first_step
     assert trial.user_attrs["diverged_on"] == "loss"
 
 
@@ -120,7 +144,7 @@ def test_search_survivor_is_complete_with_mean_val_loss() -> None:
     search.study.enqueue_trial({"learning_rate": 10**-2.5})
     (outcome,) = search.run()
     assert outcome.state is TrialState.COMPLETE
-    assert outcome.value == pytest.approx(0.005)  # mean of 0.00 and 0.01 over the two seeds
+    assert outcome.value == pytest.approx(statistics.fmean(0.01 * (s % 2) for s in spec_seeds(0)))
     trial = search.study.trials[0]
     assert trial.user_attrs["steps_survived"] == [200, 200]
     assert sorted(trial.intermediate_values) == list(range(20, 201, 20))
@@ -128,7 +152,7 @@ def test_search_survivor_is_complete_with_mean_val_loss() -> None:
 
 def test_search_pruned_trial_reports_last_step_it_reached() -> None:
     search = make_search(1, FakeExecutor(), optuna.samplers.RandomSampler(seed=0))
-    search.study.enqueue_trial({"learning_rate": 0.005 / 0.8 * 10})  # diverges at 80 on seed 0
+    search.study.enqueue_trial({"learning_rate": 0.005 / 0.8 * 10})  # diverges at 80 or 81
     search.run()
     trial = search.study.trials[0]
     assert trial.state == optuna.trial.TrialState.PRUNED
@@ -151,7 +175,7 @@ def test_search_runs_seeds_of_a_trial_in_parallel() -> None:
     executor = FakeExecutor(slots=2)
     search = make_search(1, executor, optuna.samplers.RandomSampler(seed=0))
     search.run()
-    assert [(s.trial, s.seed) for s in executor.submitted] == [(0, 0), (0, 1)]
+    assert [(s.trial, s.seed) for s in executor.submitted] == [(0, seed) for seed in spec_seeds(0)]
 
 
 def test_judge_divergence_beats_failure() -> None:
@@ -169,3 +193,69 @@ def test_make_sampler_tpe_starts_from_two_random_trials_per_searched_knob_betwee
     startups = [make_sampler("tpe", 0, n)._n_startup_trials for n in (1, 2, 3, 8)]
     assert startups == [4, 4, 6, 10]
     assert isinstance(make_sampler("random", 0, 2), optuna.samplers.RandomSampler)
+
+
+def test_search_races_a_new_best_to_eight_shared_seeds_before_telling_it() -> None:
+    executor = FakeExecutor()
+    search = make_search(1, executor, optuna.samplers.RandomSampler(seed=0), race_seeds=8)
+    search.study.enqueue_trial({"learning_rate": 10**-2.5})
+    (outcome,) = search.run()
+    trial = search.study.trials[0]
+    assert outcome.state is TrialState.COMPLETE and trial.state == optuna.trial.TrialState.COMPLETE
+    assert trial.user_attrs["seeds"] == [*spec_seeds(0), *STREAM.race(6)]  # 2 -> 4 -> 8
+    assert trial.user_attrs["phases"] == ["search"] * 2 + ["race"] * 6
+    assert search.compute.runs == {"search": 2, "race": 6}
+    assert trial.value == pytest.approx(statistics.fmean(0.01 * (s % 2) for s in trial.user_attrs["seeds"]))
+
+
+def test_search_race_seed_divergence_prunes_the_trial_and_tpe_is_told() -> None:
+    bad = frozenset({STREAM.race(2)[1]})  # the second race seed breaks fragile configs
+    search = make_search(1, FakeExecutor(bad_seeds=bad), optuna.samplers.RandomSampler(seed=0), race_seeds=8)
+    search.study.enqueue_trial({"learning_rate": 10**-2.5})
+    (outcome,) = search.run()
+    trial = search.study.trials[0]
+    assert outcome.state is TrialState.PRUNED and trial.state == optuna.trial.TrialState.PRUNED
+    assert outcome.divergence is not None and outcome.divergence.seed in bad and outcome.divergence.step == 150
+    assert trial.user_attrs["divergence_step"] == 150
+    assert search.compute.runs["race"] == 2  # it never got to the 4 seeds of the last level
+
+
+def test_search_races_only_a_trial_that_could_become_the_best() -> None:
+    executor = FakeExecutor()
+    search = make_search(2, executor, optuna.samplers.RandomSampler(seed=0), race_seeds=4)
+    search.study.enqueue_trial({"learning_rate": 10**-2.5})  # the best: raced to 4 seeds
+    search.study.enqueue_trial({"learning_rate": 1e-4})  # worse than the incumbent: not raced
+    executor.slots = 2  # one trial at a time, so the first is the incumbent when the second ends
+    search.run()
+    first, second = search.study.trials
+    assert len(first.user_attrs["seeds"]) == 4 and len(second.user_attrs["seeds"]) == 2
+    assert second.state == optuna.trial.TrialState.COMPLETE
+
+
+def test_search_survivor_that_did_not_learn_is_recorded_and_never_raced() -> None:
+    search = make_search(1, FakeExecutor(), optuna.samplers.RandomSampler(seed=0), race_seeds=8)
+    search.study.enqueue_trial({"learning_rate": 1e-5})  # val loss 6.25, above the 5.0 at init
+    (outcome,) = search.run()
+    trial = search.study.trials[0]
+    assert outcome.state is TrialState.COMPLETE and outcome.learned is False
+    assert trial.user_attrs["learned"] is False and trial.user_attrs["init_val_loss"] == INIT_LOSS
+    assert len(trial.user_attrs["seeds"]) == 2
+
+
+def test_budget_race_levels_double_from_the_search_seeds() -> None:
+    assert Budget(1, 10, seeds=2, race_seeds=8).race_levels() == (4, 8)
+    assert Budget(1, 10, seeds=3, race_seeds=8).race_levels() == (6, 8)
+    assert Budget(1, 10, seeds=2, race_seeds=2).race_levels() == ()
+    assert Budget(1, 10, seeds=2, race_seeds=0).race_levels() == ()
+
+
+def test_search_trial_behind_a_racing_trial_waits_and_races_once_that_one_falls_out() -> None:
+    bad = frozenset(STREAM.race(2)[:1])  # the fragile leader diverges on the first race seed
+    search = make_search(2, FakeExecutor(slots=4, bad_seeds=bad), optuna.samplers.RandomSampler(seed=0),
+                         race_seeds=4)
+    search.study.enqueue_trial({"learning_rate": 10**-2.5})  # fragile, best loss
+    search.study.enqueue_trial({"learning_rate": 10**-2.2})  # sturdy, second best
+    search.run()
+    leader, second = search.study.trials
+    assert leader.state == optuna.trial.TrialState.PRUNED
+    assert second.state == optuna.trial.TrialState.COMPLETE and len(second.user_attrs["seeds"]) == 4

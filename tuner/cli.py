@@ -1,8 +1,10 @@
-"""Command line: ``python -m tuner launch | report | check-model``.
+"""Command line: ``python -m tuner launch | report | verify | check-model``.
 
 Thin by design: one parser function per command; parsing is tested on its own; the work is done
 in ``tuner.launch`` / ``tuner.report`` / ``tuner.checkmodel``. A :class:`TunerError` is printed
-as one clear message (no traceback) and the exit status is 2.
+as one clear message (no traceback) and the exit status is 2. ``launch`` and ``verify`` exit 3
+when the config they end with is not shown stable (it diverged, did not learn, or its verified
+survival's lower bound is below ``--min-survival``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ LAUNCH_FLAGS = (
     "model", "space", "trials", "steps", "seeds", "report_every", "study", "storage",
     "tracking_uri", "no_tracking", "address", "cpus_per_trial", "gpus_per_trial",
     "max_concurrent", "max_retries", "num_cpus", "num_gpus", "sampler", "seed", "out",
-    "allow_bad_data", "live",
+    "allow_bad_data", "live", "race_seeds", "verify_seeds", "verify_steps", "min_survival",
+    "verify_candidates", "margin",
 )
 
 
@@ -51,6 +54,19 @@ def add_launch(sub: Any) -> None:
                    help="skip samples the data preflight flags instead of stopping")
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
                    help="live terminal view (default: when stdout is a terminal)")
+    p.add_argument("--race-seeds", type=int,
+                   help="seeds a trial that could become the best must survive, doubling from --seeds; "
+                        "at or below --seeds: no racing (default 8)")
+    p.add_argument("--verify-seeds", type=int,
+                   help="fresh seeds the best configs are retrained on at the end; 0: no verification (default 16)")
+    p.add_argument("--verify-steps", type=int, help="steps of a verification run (default: 2 x --steps)")
+    p.add_argument("--min-survival", type=float,
+                   help="bar for the 95%% lower bound of the verified survival rate (default 0.8)")
+    p.add_argument("--verify-candidates", type=int,
+                   help="at most this many configs are verified, best first, until one meets the bar (default 3)")
+    p.add_argument("--margin", action=argparse.BooleanOptionalAction, default=None,
+                   help="measure the winner's learning-rate margin (x1.5, 2, 3, 5) on the verification seeds "
+                        "(default: on)")
 
 
 def add_report(sub: Any) -> None:
@@ -61,6 +77,27 @@ def add_report(sub: Any) -> None:
     p.add_argument("--storage", default="sqlite:///tuner.db", help="Optuna storage URL (default sqlite:///tuner.db)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI to attach the plots to (default: none)")
     p.add_argument("--out-dir", default=".", help="folder for the PNG plots (default: current folder)")
+
+
+def add_verify(sub: Any) -> None:
+    """The ``verify`` command: retrain a config on fresh seeds; exit 0 only if it meets the bar."""
+    p = sub.add_parser("verify", help="retrain a config on fresh seeds and bound its survival rate",
+                       description="Retrain a config (best_config.yaml's shape) on fresh seeds; print "
+                                   "'survived k/n' with a 95%% Wilson lower bound; exit 0 if the bound "
+                                   "reaches --min-survival, else 3.")
+    p.add_argument("config", help="a YAML with a 'config:' mapping of knob values (best_config.yaml)")
+    p.add_argument("--seeds", type=int, default=16, help="fresh seeds to train on (default 16)")
+    p.add_argument("--steps", type=int, help="steps per run (default: 2 x the file's stability.steps)")
+    p.add_argument("--model", help="model (default: the file's study.model, else iterated_mlp)")
+    p.add_argument("--min-survival", type=float, default=0.8,
+                   help="bar for the 95%% lower bound of the survival rate (default 0.8)")
+    p.add_argument("--seed", type=int, help="derive the fresh seeds from this number (default: random)")
+    p.add_argument("--fail-fast", action="store_true",
+                   help="stop at the first divergence that puts the bar out of reach")
+    p.add_argument("--address", help="join this Ray cluster (host:port or auto); default: start a local one")
+    p.add_argument("--num-cpus", type=int, help="CPUs of the embedded local cluster (default: all)")
+    p.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs of one seed run (default 1)")
+    p.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs of one seed run (default 0)")
 
 
 def add_check_model(sub: Any) -> None:
@@ -77,6 +114,7 @@ def parser() -> argparse.ArgumentParser:
     sub = root.add_subparsers(dest="command", required=True)
     add_launch(sub)
     add_report(sub)
+    add_verify(sub)
     add_check_model(sub)
     return root
 
@@ -91,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tuner.report import run_report
 
             return run_report(args)
+        if args.command == "verify":
+            from tuner.verify import run_verify
+
+            return run_verify(args)
         if args.command == "check-model":
             from tuner.checkmodel import run_check
 
@@ -111,7 +153,8 @@ def launch_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def _launch(args: argparse.Namespace) -> int:
     from tuner.config import load_launch
+    from tuner.export import is_success
     from tuner.launch import launch
 
-    launch(load_launch(launch_flags(args), args.config))
-    return 0
+    doc = launch(load_launch(launch_flags(args), args.config))
+    return 0 if is_success(doc) else 3

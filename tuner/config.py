@@ -54,6 +54,12 @@ class LaunchConfig(BaseModel):
     out: str = "best_config.yaml"
     allow_bad_data: bool = False
     live: bool | None = None
+    race_seeds: int = Field(8, ge=0)
+    verify_seeds: int = Field(16, ge=0)
+    verify_steps: int | None = Field(None, ge=1)
+    min_survival: float = Field(0.8, ge=0.0, le=1.0)
+    verify_candidates: int = Field(3, ge=1)
+    margin: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> LaunchConfig:
@@ -73,6 +79,11 @@ class LaunchConfig(BaseModel):
             return Path(self.space)
         shipped = SPACES_DIR / f"{self.model}.yaml"
         return shipped if shipped.is_file() else None
+
+    @property
+    def verification_steps(self) -> int:
+        """Steps of a verification run: ``--verify-steps``, else twice ``--steps``."""
+        return self.verify_steps or 2 * self.steps
 
     @property
     def threads(self) -> int:

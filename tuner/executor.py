@@ -196,7 +196,7 @@ def _ended(spec: RunSpec, status: RunStatus, reason: str, last: RunRecord | None
     step = last.step if last else 0
     loss = last.loss if last else None
     return RunRecord(spec.trial, spec.seed, step, status, loss=loss, final=True,
-                     steps_survived=step, last_finite_loss=loss, error=reason)
+                     steps_survived=step, last_finite_loss=loss, error=reason, phase=spec.phase)
 
 
 def _connect(config: ClusterConfig) -> bool:

@@ -3,7 +3,8 @@
 Order matters for "bad input loses nothing": the model and the search space are checked before
 anything is created; the cluster's resources are checked before any trial starts; a study left
 behind by a dead driver is repaired (its RUNNING trials marked FAIL and run again) before new
-trials are asked.
+trials are asked. After the search, the best raced configs are verified on fresh seeds
+(``tuner.verify``), and best_config.yaml names the rule that chose the exported one.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ console = Console()
 def launch(config: LaunchConfig) -> dict[str, Any]:
     """Run one launch end to end; return the best-config document that was written."""
 
+    from tuner import studyrecord
     from tuner.executor import RayExecutor
     from tuner.export import best_config, write_best
     from tuner.progress import ProgressView, summary_table
     from tuner.search import Budget, Search
+    from tuner.verify import Runner, verify_study
 
     prepare_environment()
     model = load_model(config.model)
@@ -53,20 +56,30 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             f"study {study.study_name!r} on {redact(config.storage)}: {todo} trial(s) to run, "
             f"{executor.slots} slot(s), {config.seeds} seed(s) x {config.steps} steps", highlight=False,
         )
-        budget = Budget(config.trials, config.steps, config.seeds, config.report_every, config.threads)
+        stream = studyrecord.seed_stream(study, config.seed)
+        budget = Budget(config.trials, config.steps, config.seeds, config.report_every, config.threads,
+                        race_seeds=config.race_seeds)
         with ProgressView(todo, live=config.live, console=console) as view:
             callbacks = [c for c in (tracker, view) if c is not None]
             run_id = tracker.run_id if tracker else None
-            search = Search(study, space, config.model, executor, budget, callbacks, run_id, skip=skip)
+            search = Search(study, space, config.model, executor, budget, callbacks, run_id, skip=skip,
+                            stream=stream)
             if todo > 0:
                 search.run(todo)
+            runner = Runner(executor, config.model, callbacks, config.report_every, config.threads, skip)
+            if config.verify_seeds > 0:
+                raced = budget.race_seeds if budget.race_levels() else 0
+                verify_study(study, runner, verification_plan(config), stream, raced, say=view.say)
         # the cluster is not needed any more: it shuts down while the results are written
         closing = threading.Thread(target=executor.close, name="tuner-ray-shutdown")
         closing.start()
+        search.compute.merge(runner.compute)
+        studyrecord.add_compute(study, search.compute.by_phase())
         if tracker:
+            tracker.set_launch_metrics(_compute_metrics(search.compute))
             tracker.flush()
         console.print(summary_table(search.outcomes, space.searched()))
-        doc = best_config(study, config.storage, config.steps)
+        doc = best_config(study, config.storage, config.steps, config.model)
         write_best(config.out, doc)
         _print_best(doc, config.out)
         plots = write_study_plots(study, config.out)
@@ -82,6 +95,22 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             executor.close()
         else:
             closing.join()
+
+
+def verification_plan(config: LaunchConfig) -> Any:
+    """How the end of the launch verifies (tuner.verify.Plan) from the launch flags."""
+    from tuner.verify import Plan
+
+    return Plan(seeds=config.verify_seeds, steps=config.verification_steps, min_survival=config.min_survival,
+                candidates=config.verify_candidates, margin=config.margin, margin_steps=config.steps)
+
+
+def _compute_metrics(compute: Any) -> dict[str, float]:
+    """Runs and steps trained per phase, as MLflow metrics of the launch run."""
+    out = {}
+    for phase, counts in compute.by_phase().items():
+        out.update({f"{key}/{phase}": value for key, value in counts.items()})
+    return out
 
 
 def run_preflight(config: LaunchConfig, model: Model, space: SearchSpace) -> tuple[Any, str]:
@@ -212,6 +241,24 @@ def _study_summary(study: Any) -> dict[str, float]:
 
 
 def _print_best(doc: dict[str, Any], out: str) -> None:
-    verdict = "diverged on every trial" if doc["stability"]["diverged"] else "survived every seed"
+    import yaml
+
+    from tuner.evidence import Verification
+
+    stability = doc["stability"]
+    verified = stability.get("verified")
+    if stability["diverged"]:
+        verdict = "no trial survived: NOT stable"
+    elif stability.get("learned") is False:
+        verdict = "survived but did not learn: NOT a success"
+    elif verified is None:
+        verdict = "survived its search seeds; not verified on fresh seeds"
+    else:
+        v = Verification.from_dict(verified)
+        verdict = f"{v.text()} on fresh seeds x {v.steps} steps: " + (
+            f"meets the bar {v.min_survival:g}" if v.met else f"does NOT meet the bar {v.min_survival:g}")
+    margin = stability.get("margin")
+    if margin:
+        verdict += f"; survives {margin['lr_factor']:g}x its learning rate"
     console.print(f"best config ({verdict}) written to {Path(out).resolve()}:", highlight=False)
-    console.print(doc["config"], highlight=False)
+    console.print(yaml.safe_dump(doc["config"], sort_keys=False).rstrip(), highlight=False)

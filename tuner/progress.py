@@ -8,14 +8,14 @@ the table at the end.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from tuner.records import RunRecord, TrainConfig, TrialOutcome, TrialState
+from tuner.records import Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
 
 
 class ProgressView:
@@ -26,6 +26,7 @@ class ProgressView:
         self.total = total
         self.live_mode = sys.stdout.isatty() if live is None else live
         self._running: dict[int, dict[int, int]] = {}  # trial -> seed -> last step
+        self._phase: dict[int, str] = {}  # trial -> the phase its runs are in
         self._configs: dict[int, TrainConfig] = {}
         self.done: list[TrialOutcome] = []
         self._live: Live | None = None
@@ -53,9 +54,30 @@ class ProgressView:
             self._running[record.trial][record.seed] = record.step
             self._refresh()
 
+    def on_phase_start(self, number: int, phase: Phase, config: TrainConfig, seeds: Sequence[int]) -> None:
+        """Show the config's race, verification or margin runs as running."""
+        self._running[number] = {}
+        self._phase[number] = phase.value
+        self._configs[number] = config
+        self._refresh()
+
+    def on_phase_end(self, outcome: TrialOutcome) -> None:
+        """Print what the phase's runs gave, when not live."""
+        self._running.pop(outcome.number, None)
+        self._phase.pop(outcome.number, None)
+        if self._live is None:
+            line = f"  trial {outcome.number} {outcome.phase.value}: {phase_line(outcome)}"
+            self.console.print(line, highlight=False)
+        self._refresh()
+
+    def say(self, text: str) -> None:
+        """A line about the launch (above the live view when live)."""
+        self.console.print(text, highlight=False)
+
     def on_trial_complete(self, outcome: TrialOutcome) -> None:
         """Move the trial to the finished counts; print a line when not live."""
         self._running.pop(outcome.number, None)
+        self._phase.pop(outcome.number, None)
         self.done.append(outcome)
         if self._live is None:
             self.console.print(f"[{len(self.done)}/{self.total}] {describe(outcome)}", highlight=False)
@@ -73,7 +95,7 @@ class ProgressView:
         table.add_row("failed", str(counts[TrialState.FAIL]))
         for number, seeds in sorted(self._running.items()):
             steps = ", ".join(f"seed {s}: {step}" for s, step in sorted(seeds.items())) or "starting"
-            table.add_row(f"trial {number} running", steps)
+            table.add_row(f"trial {number} {self._phase.get(number, 'search')}", steps)
         best = best_outcome(self.done)
         table.add_row("best so far", describe(best) if best else "-")
         return table
@@ -82,11 +104,27 @@ class ProgressView:
 def best_outcome(outcomes: Iterable[TrialOutcome]) -> TrialOutcome | None:
     """The best COMPLETE outcome by value, else the longest-surviving one."""
     outcomes = list(outcomes)
-    complete = [o for o in outcomes if o.state is TrialState.COMPLETE and o.value is not None]
+    complete = [o for o in outcomes if o.state is TrialState.COMPLETE and o.value is not None
+                and o.learned is not False]
     if complete:
         return min(complete, key=lambda o: o.value or 0.0)
     pruned = [o for o in outcomes if o.state is TrialState.PRUNED]
     return max(pruned, key=lambda o: min(o.steps_survived, default=0)) if pruned else None
+
+
+def phase_line(outcome: TrialOutcome) -> str:
+    """``survived 2/2, val_loss 0.041`` or ``diverged at step 212 (seed S); 5 of 16 ended``."""
+    ended = [r for r in outcome.seeds if r.status.value in ("survived", "diverged")]
+    survived = sum(r.status.value == "survived" for r in ended)
+    first = outcome.divergence
+    text = f"survived {survived}/{len(ended)}"
+    if first is not None:
+        text += f", first divergence at step {first.step} (seed {first.seed})"
+    if len(ended) < len(outcome.seeds):
+        text += f", {len(outcome.seeds) - len(ended)} run(s) cancelled or failed"
+    if outcome.value is not None:
+        text += f", val_loss {outcome.value:.4g}"
+    return text
 
 
 def describe(outcome: TrialOutcome) -> str:
@@ -95,9 +133,15 @@ def describe(outcome: TrialOutcome) -> str:
     first = outcome.divergence
     if outcome.state is TrialState.COMPLETE:
         text += f", val_loss {outcome.value:.4g}"
+        if outcome.learned is False:
+            text += " (did not learn: not below its loss at init)"
+        raced = sum(r.phase is Phase.RACE for r in outcome.seeds)
+        if raced:
+            text += f", raced on {raced} more seeds"
     elif first is not None:
         cause = first.diverged_on.value if first.diverged_on else "?"
-        text += f" at step {first.step} ({cause}, seed {first.seed})"
+        text += f" at step {first.step} ({cause}, seed {first.seed}"
+        text += ", a race seed)" if first.phase is Phase.RACE else ")"
     elif outcome.reason:
         text += f": {outcome.reason.splitlines()[0][:120]}"
     config = outcome.config

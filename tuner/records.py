@@ -24,6 +24,20 @@ class RunStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+class Phase(enum.StrEnum):
+    """Why a seed run was trained (an MLflow tag of its run, and a column of the views).
+
+    ``search``: a trial's first seeds; ``race``: more seeds for a trial that could become the
+    best; ``verify``: fresh seeds for a config about to be exported (or ``tuner verify``);
+    ``margin``: the exported config at a higher learning rate, on the verification seeds.
+    """
+
+    SEARCH = "search"
+    RACE = "race"
+    VERIFY = "verify"
+    MARGIN = "margin"
+
+
 class DivergedOn(enum.StrEnum):
     """What went non-finite first at the divergence step."""
 
@@ -86,6 +100,7 @@ class RunSpec:
     threads: int = 1
     attempt: int = 0
     skip: Skip = field(default_factory=Skip)
+    phase: Phase = Phase.SEARCH
 
 
 class NonFiniteKind(enum.StrEnum):
@@ -150,6 +165,8 @@ class RunRecord:
     divergence step (the first step with a non-finite value) and ``steps_survived`` is
     ``step - 1``. A progress record's ``metrics`` are the telemetry of its step; a final record's
     are the run's summary, and a diverged run's final record carries its ``forensics``.
+    ``init_val_loss`` is the validation loss at initialisation, measured once per run before the
+    first step (final records only): a run whose ``val_loss`` is not below it did not learn.
     """
 
     trial: int
@@ -167,6 +184,8 @@ class RunRecord:
     metrics: Mapping[str, float] = field(default_factory=dict)
     info: Mapping[str, Any] = field(default_factory=dict)
     forensics: Forensics | None = None
+    phase: Phase = Phase.SEARCH
+    init_val_loss: float | None = None
 
     @property
     def divergence_step(self) -> int | None:
@@ -192,6 +211,25 @@ class TrialOutcome:
     seeds: tuple[RunRecord, ...]
     value: float | None = None
     reason: str = ""
+    phase: Phase = Phase.SEARCH
+
+    @property
+    def learned(self) -> bool | None:
+        """Whether the validation loss (mean over seeds) fell below the loss at initialisation.
+
+        None when either is unknown (a trial that did not survive, or a run from a worker that
+        did not measure it).
+        """
+        inits = [r.init_val_loss for r in self.seeds if r.init_val_loss is not None]
+        if self.value is None or len(inits) != len(self.seeds) or not inits:
+            return None
+        return self.value < sum(inits) / len(inits)
+
+    @property
+    def init_val_loss(self) -> float | None:
+        """The validation loss at initialisation, mean over seeds (None if not measured)."""
+        inits = [r.init_val_loss for r in self.seeds if r.init_val_loss is not None]
+        return sum(inits) / len(inits) if inits else None
 
     @property
     def steps_survived(self) -> tuple[int, ...]:

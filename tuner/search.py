@@ -7,8 +7,14 @@ A trial is one config on K seeds, run in parallel. How a trial ends (see design.
   as an intermediate value (TPE ranks pruned trials by it) and the trial is PRUNED;
 - a seed failed (model error, or its worker died more than ``max_retries`` times): FAIL.
 
+A trial's seeds come from the study's seed stream (``tuner.evidence.SeedStream``), not 0..K-1
+for every trial. A COMPLETE trial that could become the best races on more seeds before it is
+told (see :class:`Search`). A COMPLETE trial whose validation loss is not below its loss at
+initialisation did not learn (user attr ``learned: false``): it is never raced nor exported.
+
 Only this driver talks to the Optuna storage; callbacks (MLflow tracking, the terminal view) hear
-``on_trial_start``, ``on_trial_result`` and ``on_trial_complete``.
+``on_trial_start``, ``on_trial_result`` and ``on_trial_complete``, and ``on_phase_start`` /
+``on_phase_end`` for the race levels, verification and margin runs of a config.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import Any, Protocol
 
 import optuna
 
-from tuner.records import RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
+from tuner.evidence import SeedStream
+from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
 
 _OPTUNA_STATE = {
@@ -51,43 +58,83 @@ class Executor(Protocol):
 
 
 class Callback(Protocol):
-    """Hears about trials as they start, report and end (Ray Tune's vocabulary)."""
+    """Hears about trials as they start, report and end (Ray Tune's vocabulary), and about the
+    checks (race levels, verification, margin) a trial's config goes through."""
 
     def on_trial_start(self, number: int, config: TrainConfig) -> None:
-        """A trial was asked and its seed runs submitted."""
+        """A trial was asked and its search runs submitted."""
 
     def on_trial_result(self, record: RunRecord) -> None:
-        """A seed run streamed a record."""
+        """A seed run (of any phase: ``record.phase``) streamed a record."""
 
     def on_trial_complete(self, outcome: TrialOutcome) -> None:
-        """A trial ended and was told to Optuna."""
+        """A trial ended (its search runs and any race levels) and was told to Optuna."""
+
+    def on_phase_start(self, number: int, phase: Phase, config: TrainConfig, seeds: Sequence[int]) -> None:
+        """Runs of another phase than the search started for trial ``number``'s config."""
+
+    def on_phase_end(self, outcome: TrialOutcome) -> None:
+        """Those runs ended; ``outcome`` covers them alone (``outcome.phase``)."""
 
 
 @dataclass(frozen=True)
 class Budget:
-    """How much a launch trains: trials to finish, steps and seeds per trial."""
+    """How much a launch trains: trials to finish, steps and seeds per trial, seeds to race to.
+
+    Attributes:
+        race_seeds: seeds a trial that could become the best must survive before it may be
+            exported; it earns them by doubling from ``seeds`` (2 -> 4 -> 8). At or below
+            ``seeds``, nothing is raced.
+    """
 
     trials: int
     steps: int
     seeds: int = 2
     report_every: int = 25
     threads: int = 1
+    race_seeds: int = 0
+
+    def race_levels(self) -> tuple[int, ...]:
+        """The seed counts a raced trial reaches after its search seeds (2 -> 4 -> 8: (4, 8))."""
+        levels, count = [], self.seeds
+        while count < self.race_seeds:
+            count = min(2 * count, self.race_seeds)
+            levels.append(count)
+        return tuple(levels)
 
 
 @dataclass
 class _Trial:
-    """A trial in flight."""
+    """A trial in flight: the runs of its current phase, and the final records of earlier ones."""
 
     trial: optuna.trial.Trial
     config: TrainConfig
-    finals: dict[int, RunRecord] = field(default_factory=dict)  # seed -> final record
+    seeds: tuple[int, ...]
+    phase: Phase = Phase.SEARCH
+    finals: dict[int, RunRecord] = field(default_factory=dict)  # seed -> final record, this phase
+    earlier: dict[int, RunRecord] = field(default_factory=dict)  # seed -> final record, earlier phases
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> seed -> loss
     reported: set[int] = field(default_factory=set)
     cancelled: bool = False
 
+    def records(self, phase_only: bool = False) -> dict[int, RunRecord]:
+        """Final records in seed order (search seeds first): this phase's, or every phase's."""
+        done = self.finals if phase_only else {**self.earlier, **self.finals}
+        order = self.seeds if phase_only else (*self.earlier, *self.seeds)
+        return {s: done[s] for s in order if s in done}
+
 
 class Search:
-    """Runs ``budget.trials`` trials of ``space`` on ``executor`` (see the module docs)."""
+    """Runs ``budget.trials`` trials of ``space`` on ``executor`` (see the module docs).
+
+    Racing (SMAC3's intensification): a trial whose seeds all survived and that could become the
+    best (its validation loss is below that of every trial that survived at least as many seeds)
+    is not told yet: it runs on the next race level's seeds, shared by every raced trial. One
+    diverging race seed makes it PRUNED (TPE is told); a trial that falls behind stops racing and
+    is told COMPLETE on the seeds it has. A trial behind only trials still racing waits (no
+    runs, not told) until their races decide whether it could lead. ``stream`` gives every run
+    its seed.
+    """
 
     def __init__(
         self,
@@ -99,13 +146,20 @@ class Search:
         callbacks: Sequence[Callback] = (),
         run_id: Any = None,
         skip: Skip | None = None,
+        stream: SeedStream | None = None,
     ) -> None:
         self.study, self.space, self.model = study, space, model
         self.skip = skip or Skip()  # samples the data preflight left out of every run
         self.executor, self.budget, self.callbacks = executor, budget, list(callbacks)
+        self.stream = stream or SeedStream(0)
         self._run_id = run_id  # trial number -> MLflow run id (or None)
         self._active: dict[int, _Trial] = {}
         self.outcomes: list[TrialOutcome] = []
+        self.compute = Compute()
+        # trial number -> (seeds survived, validation loss) of every trial that survived and learned
+        self._standing: dict[int, tuple[int, float]] = standing(study)
+        self._racing: set[int] = set()  # trials whose race runs are in flight
+        self._waiting: dict[int, TrialOutcome] = {}  # trials waiting for a race to decide theirs
 
     def run(self, trials: int | None = None) -> list[TrialOutcome]:
         """Ask and finish ``trials`` trials (default: the budget's), then return their outcomes."""
@@ -121,20 +175,21 @@ class Search:
     def _start_trial(self) -> None:
         trial = self.study.ask()
         config = self.space.suggest(trial)
-        self._active[trial.number] = _Trial(trial, config)
+        seeds = self.stream.search(trial.number, self.budget.seeds)
+        self._active[trial.number] = _Trial(trial, config, seeds)
         for cb in self.callbacks:
             cb.on_trial_start(trial.number, config)
-        for seed in range(self.budget.seeds):
-            self.executor.submit(
-                RunSpec(
-                    trial.number, seed, self.model, config, self.budget.steps,
-                    self.budget.report_every, self.budget.threads, skip=self.skip,
-                )
-            )
+        self._submit(trial.number, config, seeds, Phase.SEARCH)
+
+    def _submit(self, number: int, config: TrainConfig, seeds: Sequence[int], phase: Phase) -> None:
+        b = self.budget
+        for seed in seeds:
+            self.executor.submit(RunSpec(number, seed, self.model, config, b.steps, b.report_every, b.threads,
+                                         skip=self.skip, phase=phase))
 
     def _on_record(self, record: RunRecord) -> None:
         active = self._active.get(record.trial)
-        if active is None:
+        if active is None or record.phase is not active.phase or record.seed not in active.seeds:
             return
         for cb in self.callbacks:
             cb.on_trial_result(record)
@@ -142,24 +197,65 @@ class Search:
             active.cancelled = True  # one unstable seed makes the config unstable: stop the others now
             self.executor.cancel(record.trial)
         if not record.final:
-            if record.status is RunStatus.RUNNING:
+            if record.status is RunStatus.RUNNING and active.phase is Phase.SEARCH:
                 self._report_progress(active, record)
             return
         active.finals[record.seed] = record
-        if len(active.finals) == self.budget.seeds:
-            self._finish(active)
+        self.compute.add(record)
+        if len(active.finals) == len(active.seeds):
+            self._phase_done(active)
 
     def _report_progress(self, active: _Trial, record: RunRecord) -> None:
         """Report the mean training loss at a step once every seed has reached it."""
         at_step = active.losses.setdefault(record.step, {})
         at_step[record.seed] = record.loss if record.loss is not None else float("nan")
-        if len(at_step) == self.budget.seeds and record.step not in active.reported:
+        if len(at_step) == len(active.seeds) and record.step not in active.reported:
             active.trial.report(statistics.fmean(at_step.values()), record.step)
             active.reported.add(record.step)
             del active.losses[record.step]
 
-    def _finish(self, active: _Trial) -> None:
-        outcome = judge(active.trial.number, active.config, active.finals)
+    def _phase_done(self, active: _Trial) -> None:
+        number = active.trial.number
+        if active.phase is not Phase.SEARCH:
+            part = judge(number, active.config, active.records(phase_only=True), phase=active.phase)
+            for cb in self.callbacks:
+                cb.on_phase_end(part)
+        outcome = judge(number, active.config, active.records())
+        self._standing.pop(number, None)
+        self._racing.discard(number)
+        if outcome.state is TrialState.COMPLETE and outcome.learned is not False and outcome.value is not None:
+            self._standing[number] = (len(outcome.seeds), outcome.value)
+            self._decide(active, outcome)
+        else:
+            self._finish(active, outcome)
+        for waiting in sorted(self._waiting.values(), key=lambda o: o.value or 0.0):
+            del self._waiting[waiting.number]
+            self._decide(self._active[waiting.number], waiting)
+
+    def _decide(self, active: _Trial, outcome: TrialOutcome) -> None:
+        """Race the trial on, let it wait for a race that decides whether it could win, or tell it."""
+        have, number = len(outcome.seeds), outcome.number
+        level = next((n for n in self.budget.race_levels() if n > have), None)
+        better = [n for n, (seeds, value) in self._standing.items()
+                  if n != number and seeds >= have and outcome.value is not None and value <= outcome.value]
+        if level is not None and not better:
+            self._race(active, level)
+        elif level is not None and all(n in self._racing for n in better):
+            self._waiting[number] = outcome  # behind trials still racing: it may lead once they fall out
+        else:
+            self._finish(active, outcome)
+
+    def _race(self, active: _Trial, level: int) -> None:
+        raced = len(active.earlier) + len(active.finals) - self.budget.seeds
+        seeds = self.stream.race(level - self.budget.seeds)[raced:]
+        active.earlier.update(active.records(phase_only=True))
+        active.finals, active.seeds, active.phase, active.cancelled = {}, seeds, Phase.RACE, False
+        self._racing.add(active.trial.number)
+        for cb in self.callbacks:
+            cb.on_phase_start(active.trial.number, Phase.RACE, active.config, seeds)
+        self._submit(active.trial.number, active.config, seeds, Phase.RACE)
+
+    def _finish(self, active: _Trial, outcome: TrialOutcome) -> None:
         number = active.trial.number
         if outcome.state is TrialState.PRUNED:
             self._report_divergence(active, outcome)
@@ -181,6 +277,40 @@ class Search:
             active.trial.report(first.last_finite_loss, first.steps_survived)
 
 
+@dataclass
+class Compute:
+    """Seed runs and training steps per phase: what a launch cost."""
+
+    runs: dict[str, int] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)
+
+    def add(self, record: RunRecord) -> None:
+        """Count a final record: the steps its run trained (a diverged step counts)."""
+        phase = record.phase.value
+        trained = record.steps_survived + (record.status is RunStatus.DIVERGED)
+        self.runs[phase] = self.runs.get(phase, 0) + 1
+        self.steps[phase] = self.steps.get(phase, 0) + trained
+
+    def merge(self, other: Compute) -> None:
+        """Add ``other``'s counts to these."""
+        for phase, runs in other.runs.items():
+            self.runs[phase] = self.runs.get(phase, 0) + runs
+            self.steps[phase] = self.steps.get(phase, 0) + other.steps.get(phase, 0)
+
+    def by_phase(self) -> dict[str, dict[str, float]]:
+        """phase -> {runs, steps}."""
+        return {p: {"runs": float(self.runs[p]), "steps": float(self.steps.get(p, 0))} for p in self.runs}
+
+
+def standing(study: optuna.Study) -> dict[int, tuple[int, float]]:
+    """Trial number -> (seeds survived, validation loss) of the study's COMPLETE trials that learned."""
+    out = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        if t.value is not None and t.user_attrs.get("learned") is not False and "seeds" in t.user_attrs:
+            out[t.number] = (len(t.user_attrs["seeds"]), float(t.value))
+    return out
+
+
 def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.BaseSampler:
     """The study's sampler: ``random``, or ``tpe`` (multivariate, constant liar for parallel trials).
 
@@ -193,17 +323,20 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup)
 
 
-def judge(number: int, config: TrainConfig, finals: dict[int, RunRecord]) -> TrialOutcome:
-    """The state of a trial from its seeds' final records: diverged > failed > survived."""
-    seeds = tuple(finals[s] for s in sorted(finals))
+def judge(
+    number: int, config: TrainConfig, finals: dict[int, RunRecord], phase: Phase = Phase.SEARCH
+) -> TrialOutcome:
+    """The state of a trial from its seeds' final records (in the order they were given):
+    diverged > failed > survived."""
+    seeds = tuple(finals.values())
     if any(r.status is RunStatus.DIVERGED for r in seeds):
-        return TrialOutcome(number, config, TrialState.PRUNED, seeds)
+        return TrialOutcome(number, config, TrialState.PRUNED, seeds, phase=phase)
     failed = [r for r in seeds if r.status is RunStatus.FAILED]
     if failed or any(r.status is not RunStatus.SURVIVED for r in seeds):
         reason = (failed[0].error or "failed") if failed else "a seed run ended early"
-        return TrialOutcome(number, config, TrialState.FAIL, seeds, reason=reason)
+        return TrialOutcome(number, config, TrialState.FAIL, seeds, reason=reason, phase=phase)
     value = statistics.fmean(r.val_loss for r in seeds if r.val_loss is not None)
-    return TrialOutcome(number, config, TrialState.COMPLETE, seeds, value=value)
+    return TrialOutcome(number, config, TrialState.COMPLETE, seeds, value=value, phase=phase)
 
 
 def trial_attrs(outcome: TrialOutcome, run_id: str | None) -> dict[str, Any]:
@@ -218,6 +351,9 @@ def trial_attrs(outcome: TrialOutcome, run_id: str | None) -> dict[str, Any]:
         "divergence_step": first.step if first else None,
         "diverged_on": first.diverged_on.value if first and first.diverged_on else None,
         "reason": outcome.reason,
+        "learned": outcome.learned,
+        "init_val_loss": outcome.init_val_loss,
+        "phases": [r.phase.value for r in outcome.seeds],
         "mlflow_run_id": run_id,
         "nodes": sorted({str(r.info.get("node_id")) for r in outcome.seeds if r.info.get("node_id")}),
     }

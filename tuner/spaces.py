@@ -85,18 +85,24 @@ class SearchSpace:
 
     def config(self, values: Mapping[str, Any]) -> TrainConfig:
         """Turn one value per knob into a TrainConfig (null L2 weight means 0)."""
-        model_knobs = {k: v for k, v in values.items() if k not in TUNER_KNOBS}
-        return TrainConfig(
-            learning_rate=float(values["learning_rate"]),
-            clip_norm=None if values["clip_norm"] is None else float(values["clip_norm"]),
-            l2_weight=float(values["l2_weight"] or 0.0),
-            lr_decay=float(values["lr_decay"]),
-            knobs=model_knobs,
-        )
+        return config_from_flat(values)
 
     def searched(self) -> list[str]:
         """Names of the knobs that are searched (not fixed)."""
         return [name for name, p in self.params.items() if not p.fixed]
+
+
+def config_from_flat(values: Mapping[str, Any]) -> TrainConfig:
+    """A TrainConfig from one flat mapping of knob values (tuner's knobs default when left out)."""
+    defaults = {name: knob.default for name, knob in TUNER_KNOBS.items()}
+    merged = {**defaults, **values}
+    return TrainConfig(
+        learning_rate=float(merged["learning_rate"]),
+        clip_norm=None if merged["clip_norm"] is None else float(merged["clip_norm"]),
+        l2_weight=float(merged["l2_weight"] or 0.0),
+        lr_decay=float(merged["lr_decay"]),
+        knobs={k: v for k, v in values.items() if k not in TUNER_KNOBS},
+    )
 
 
 def load_space(path: str | Path, model: str, knobs: Mapping[str, Knob]) -> SearchSpace:

@@ -36,6 +36,7 @@ class Telemetry:
         self.points: deque[dict[str, float]] = deque(maxlen=POINTS_KEPT)
         self._window: deque[float] = deque()  # the last SPIKE_WINDOW losses, in step order
         self._sorted: list[float] = []  # the same losses, sorted (for the median)
+        self.init_val_loss: float | None = None  # validation loss before the first step
 
     @property
     def steps(self) -> int:

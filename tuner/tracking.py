@@ -8,9 +8,13 @@ stay queued, a warning is printed once, and the next send retries: nothing is lo
 
 A child run gets, per seed, the telemetry of each report step (``seed0/loss``,
 ``seed0/grad_norm``, ``seed0/clip_fraction``, ``seed0/grad_norm/layer0/kernel``,
-``seed0/iter_3/input_absmax``, ...) and the summary at the end; a diverged trial also gets the
+``seed0/iter_3/input_absmax``, ..., where 0 stands for the seed itself, drawn from the study's
+seed stream) and the summary at the end; a diverged trial also gets the
 forensics of its first divergence as tags (``first_nonfinite_op``, ``first_nonfinite_kind``,
-``divergence_cause``, ...) and as the ``divergence.json`` artifact.
+``divergence_cause``, ...) and as the ``divergence.json`` artifact. A trial's race levels and a
+config's verification and margin runs get runs of their own, nested under the trial's run and
+tagged ``phase`` (``race``, ``verify``, ``margin``; the trial's own run is ``search``); the
+trial's run holds its final status, race seeds included.
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tuner.errors import TrackingError
-from tuner.records import Forensics, NonFiniteKind, RunRecord, TrainConfig, TrialOutcome, TrialState
+from tuner.records import Forensics, NonFiniteKind, Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +89,10 @@ class Tracker:
         self._runs: dict[int, str] = {}  # trial number -> child run id
         self._create_tried: set[int] = set()  # trials whose child run creation was sent at least once
         self._ops: deque[Callable[[], object]] = deque()
-        self._metrics: dict[int, list[Any]] = {}  # trial number -> metrics not yet queued
+        self._metrics: dict[int | str, list[Any]] = {}  # trial number or phase run name -> metrics not yet queued
+        self._phase_runs: dict[tuple[int, str], int] = {}  # (trial, phase) -> phase runs made so far
+        self._current: dict[tuple[int, str], str] = {}  # (trial, phase) -> name of its open phase run
+        self._named: dict[str, str] = {}  # phase run name -> its run id
         self._warned = False
         self._last_queued = time.monotonic()
         self._lock = threading.Lock()  # one sender at a time: the background thread, or flush()
@@ -105,13 +112,47 @@ class Tracker:
         params = {**config.flat(), "trial": number}
         self._ops.append(lambda: self._create_child(number, params))
 
+    def on_phase_start(self, number: int, phase: Phase, config: TrainConfig, seeds: Sequence[int]) -> None:
+        """Queue a run for a config's race level, verification or margin runs, nested under the trial's run."""
+        key = (number, phase.value)
+        self._phase_runs[key] = self._phase_runs.get(key, 0) + 1
+        name = f"trial-{number}-{phase.value}-{self._phase_runs[key]}"
+        params = {**config.flat(), "trial": number, "seeds": ",".join(map(str, seeds))}
+        self._current[key] = name
+        self._ops.append(lambda: self._create_phase_run(number, phase, name, params))
+
+    def on_phase_end(self, outcome: TrialOutcome) -> None:
+        """Queue the phase run's summary, tags and end status."""
+        name = self._current.pop((outcome.number, outcome.phase.value))
+        self._queue_metrics()
+        tags, metrics = outcome_tags(outcome), outcome_metrics(outcome)
+        now = int(time.time() * 1000)
+
+        def summary() -> None:
+            run_id = self._named[name]
+            self.client.log_batch(run_id, metrics=[self._Metric(k, v, now, 0) for k, v in metrics.items()],
+                                  tags=[self._Tag(k, v) for k, v in tags.items()])
+            self.client.set_terminated(run_id, _RUN_STATUS[outcome.state])
+
+        self._ops.append(summary)
+        self._wake.set()
+
+    def set_launch_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Queue metrics of the launch run (what each phase trained, say)."""
+        now = int(time.time() * 1000)
+        items = [self._Metric(k, float(v), now, 0) for k, v in metrics.items()]
+        self._ops.append(lambda: self.client.log_batch(self.parent_id, metrics=items))
+
     def on_trial_result(self, record: RunRecord) -> None:
-        """Buffer the record's metrics (per seed) at its step."""
+        """Buffer the record's metrics (per seed) at its step, on the run of its phase."""
         now = int(time.time() * 1000)
         values: dict[str, float | None] = {"loss": record.loss, "grad_norm": record.grad_norm}
         if not record.final:
             values.update(record.metrics)
-        batch = self._metrics.setdefault(record.trial, [])
+        target: int | str = record.trial
+        if record.phase is not Phase.SEARCH:
+            target = self._current.get((record.trial, record.phase.value), record.trial)
+        batch = self._metrics.setdefault(target, [])
         for key, value in values.items():
             if value is not None and value == value and abs(value) != float("inf"):
                 batch.append(self._Metric(f"seed{record.seed}/{key}", float(value), now, record.step))
@@ -265,7 +306,7 @@ class Tracker:
 
     def _new_child(self, number: int, **tags: str) -> str:
         """Create a child run of trial ``number`` under this launch's parent run; its id."""
-        tags = {"mlflow.parentRunId": self.parent_id, "trial": str(number), **tags}
+        tags = {"mlflow.parentRunId": self.parent_id, "trial": str(number), "phase": "search", **tags}
         return self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}").info.run_id
 
     def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
@@ -286,14 +327,32 @@ class Tracker:
                 self._ops.append(functools.partial(self._log_metrics, number, chunk))
         self._metrics = {}
 
-    def _log_metrics(self, number: int, metrics: list[Any]) -> None:
-        self.client.log_batch(self._runs[number], metrics=metrics)
+    def _log_metrics(self, target: int | str, metrics: list[Any]) -> None:
+        run_id = self._named[target] if isinstance(target, str) else self._runs[target]
+        self.client.log_batch(run_id, metrics=metrics)
+
+    def _create_phase_run(self, number: int, phase: Phase, name: str, params: Mapping[str, Any]) -> None:
+        """Create a phase run, nested under the trial's run (or under the launch run if the trial
+        was logged by an earlier launch)."""
+        if name in self._named:
+            return
+        parent = self._runs.get(number) or self.parent_id
+        tags = {"mlflow.parentRunId": parent, "trial": str(number), "phase": phase.value}
+        run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
+        self._named[name] = run.info.run_id
+        self._log_params(run.info.run_id, params)
 
 
 def outcome_tags(outcome: TrialOutcome) -> dict[str, str]:
     """The tags of a finished trial's run: status, divergence step and cause, reason."""
     first = outcome.divergence
-    tags = {"status": outcome.state.value, "steps_survived": ",".join(map(str, outcome.steps_survived))}
+    tags = {"status": outcome.state.value, "steps_survived": ",".join(map(str, outcome.steps_survived)),
+            "seeds": ",".join(str(r.seed) for r in outcome.seeds)}
+    if outcome.learned is not None:
+        tags["learned"] = str(outcome.learned).lower()
+    raced = sum(r.phase is Phase.RACE for r in outcome.seeds)
+    if outcome.phase is Phase.SEARCH and raced:
+        tags["race_seeds"] = str(raced)
     if first is not None:
         tags["divergence_step"] = str(first.step)
         tags["diverged_on"] = first.diverged_on.value if first.diverged_on else "unknown"
@@ -338,9 +397,12 @@ def divergence_doc(outcome: TrialOutcome) -> dict[str, Any] | None:
 
 def outcome_metrics(outcome: TrialOutcome) -> dict[str, float]:
     """Per-seed summary metrics of a finished trial (steps survived, validation loss, ...)."""
-    metrics: dict[str, float] = {"min_steps_survived": float(min(outcome.steps_survived, default=0))}
+    metrics: dict[str, float] = {"min_steps_survived": float(min(outcome.steps_survived, default=0)),
+                                 "seeds_survived": float(sum(r.status.value == "survived" for r in outcome.seeds))}
     if outcome.value is not None:
         metrics["val_loss"] = outcome.value
+    if outcome.init_val_loss is not None:
+        metrics["init_val_loss"] = outcome.init_val_loss
     for r in outcome.seeds:
         metrics[f"seed{r.seed}/steps_survived"] = float(r.steps_survived)
         if r.val_loss is not None:

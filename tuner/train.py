@@ -232,13 +232,15 @@ def train_run(
         if should_stop():  # cancelled between the build's last check and here
             yield _final(spec, telemetry, 0, RunStatus.CANCELLED, None, None, info)
             return
+        # the bar a run must get under to have learned anything (one forward pass of the val set)
+        telemetry.init_val_loss = _finite_or_none(sess.run(built.val_loss, stepper.feed_arrays(data.val)))
         started = time.perf_counter()
         for step in range(1, spec.steps + 1):
             cause = stepper.step(step)
             if cause is not None:
                 # tell the driver at once, so it cancels the sibling seeds while the replay runs
                 yield RunRecord(spec.trial, spec.seed, step, RunStatus.DIVERGED, steps_survived=step - 1,
-                                diverged_on=cause)
+                                diverged_on=cause, phase=spec.phase)
                 found = _investigate(model, stepper, step, sample_ids, info)
                 yield _final(spec, telemetry, step, RunStatus.DIVERGED, cause, None, info, found)
                 return
@@ -347,7 +349,7 @@ def _progress(spec: RunSpec, step: int, stepper: Stepper) -> RunRecord:
     t = stepper.telemetry
     return RunRecord(
         spec.trial, spec.seed, step, RunStatus.RUNNING, t.losses[-1], t.gnorms[-1],
-        steps_survived=step, last_finite_loss=t.losses[-1], metrics=dict(stepper.metrics),
+        steps_survived=step, last_finite_loss=t.losses[-1], metrics=dict(stepper.metrics), phase=spec.phase,
     )
 
 
@@ -367,4 +369,10 @@ def _final(
         grad_norm=telemetry.gnorms[-1] if telemetry.gnorms else None,
         final=True, steps_survived=telemetry.steps, last_finite_loss=last,
         val_loss=val, diverged_on=cause, metrics=telemetry.summary(), info=dict(info), forensics=forensics,
+        phase=spec.phase, init_val_loss=telemetry.init_val_loss,
     )
+
+
+def _finite_or_none(value: Any) -> float | None:
+    number = float(value)
+    return number if math.isfinite(number) else None

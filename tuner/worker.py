@@ -63,7 +63,7 @@ class TrialWorker:
         except Exception as exc:  # a bug in the model or a bad config: FAIL, not retried
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             yield RunRecord(
-                spec.trial, spec.seed, 0, RunStatus.FAILED, final=True, error=detail,
+                spec.trial, spec.seed, 0, RunStatus.FAILED, final=True, error=detail, phase=spec.phase,
                 info={**self._where(), "traceback": traceback.format_exc(limit=8)},
             )
 

@@ -1,0 +1,71 @@
+"""End-of-launch verification and the export it leads to, driven by the in-process executor of
+test_search (the real executor and TensorFlow are in test_launch.py and test_verify_cli.py)."""
+
+from __future__ import annotations
+
+import optuna
+import yaml
+
+from tests.test_search import STREAM, FakeExecutor, make_search
+from tuner import studyrecord
+from tuner.export import best_config, is_success
+from tuner.verify import Plan, Runner, verify_study
+
+
+def run_and_verify(executor: FakeExecutor, lrs: list[float], plan: Plan, race_seeds: int = 4) -> optuna.Study:
+    search = make_search(len(lrs), executor, optuna.samplers.RandomSampler(seed=0), race_seeds=race_seeds)
+    for lr in lrs:
+        search.study.enqueue_trial({"learning_rate": lr})
+    search.run()
+    verify_study(search.study, Runner(executor, "fake", report_every=20), plan, STREAM, race_seeds, say=lambda _: None)
+    return search.study
+
+
+def test_verify_study_exports_the_raced_best_with_its_verification_and_margin() -> None:
+    plan = Plan(seeds=16, steps=400, min_survival=0.8, candidates=3, margin=True, margin_steps=200)
+    study = run_and_verify(FakeExecutor(), [10**-2.5, 1e-3], plan)
+    doc = best_config(study, "sqlite:///x.db", 200, "fake")
+    assert list(doc) == ["config", "stability", "study"]
+    assert list(doc["stability"]) == ["steps", "seeds", "steps_survived", "diverged", "val_loss", "learned",
+                                      "init_val_loss", "rule", "verified", "margin"]
+    verified = doc["stability"]["verified"]
+    assert verified["seeds"] == list(STREAM.verify(16)) and verified["steps"] == 400
+    assert (verified["survived"], verified["runs"], verified["met"]) == (16, 16, True)
+    assert verified["rate"] == 1.0 and verified["rate_low"] >= 0.8
+    assert not set(verified["seeds"]) & set(doc["stability"]["seeds"])  # never a seed it was chosen on
+    assert "lowest validation loss" in doc["stability"]["rule"]
+    assert doc["config"]["learning_rate"] == 10**-2.5 and doc["study"]["model"] == "fake"
+    # lr x 1.5 = 10**-2.32 is still below 1e-2; x 5 = 0.016 diverges (fake: lr above 1e-2)
+    assert doc["stability"]["margin"]["lr_factor"] == 3.0
+    assert is_success(doc)
+    yaml.safe_load(yaml.safe_dump(doc))  # a YAML document a person can read back
+
+
+def test_verify_study_moves_to_the_next_candidate_when_the_best_fails_fresh_seeds() -> None:
+    bad = frozenset(STREAM.verify(16)[5:6])  # one fresh seed breaks the fragile best config
+    plan = Plan(seeds=16, steps=400, margin=False)
+    study = run_and_verify(FakeExecutor(bad_seeds=bad), [10**-2.5, 1e-3], plan, race_seeds=2)
+    verified = studyrecord.verifications(study)
+    assert not verified[0].met and verified[0].divergences[0] == (next(iter(bad)), 150)
+    assert verified[0].runs < 16  # the rest were cancelled once the bar was out of reach
+    assert verified[1].met
+    doc = best_config(study, "sqlite:///x.db", 200)
+    assert doc["study"]["trial"] == 1 and is_success(doc)
+
+
+def test_export_says_plainly_when_no_config_met_the_bar() -> None:
+    bad = frozenset(STREAM.verify(16)[:1])
+    plan = Plan(seeds=16, steps=400, candidates=1, margin=False)
+    study = run_and_verify(FakeExecutor(bad_seeds=bad), [10**-2.5], plan, race_seeds=2)
+    doc = best_config(study, "sqlite:///x.db", 200)
+    assert doc["stability"]["verified"]["met"] is False
+    assert "no config met the bar" in doc["stability"]["rule"] and "No config met the bar" in doc["note"]
+    assert not is_success(doc)
+
+
+def test_export_never_calls_a_survivor_that_did_not_learn_a_success() -> None:
+    plan = Plan(seeds=16, steps=400, margin=False)
+    study = run_and_verify(FakeExecutor(), [1e-5], plan)  # survives, val loss 6.25 > 5.0 at init
+    doc = best_config(study, "sqlite:///x.db", 200)
+    assert doc["stability"]["learned"] is False and doc["stability"]["diverged"] is False
+    assert "did not learn" in doc["note"] and not is_success(doc)

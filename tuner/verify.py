@@ -1,0 +1,305 @@
+"""Verification: retrain a config on seeds that played no part in choosing it.
+
+Used at the end of a launch (:func:`verify_study`: the best raced configs, in order of validation
+loss, until one meets the bar; then the winner's learning-rate margin) and by ``tuner verify``
+(:func:`run_verify`: any config in best_config.yaml's shape). Runs go through the same executor
+and streaming as the search. The survival figure is ``k`` of ``n`` with a 95% Wilson lower bound
+(``tuner.evidence``); a config passes when that bound reaches ``--min-survival``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tuner.evidence import MARGIN_FACTORS, Choice, Margin, SeedStream, Verification, bar_reachable, choose
+from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome
+from tuner.search import Callback, Compute, Executor, judge
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How verification runs: seeds, steps, the bar, and what else is spent on it.
+
+    Attributes:
+        seeds: verification seeds per config (0: no verification).
+        steps: steps per verification run.
+        min_survival: the bar for the 95% lower bound of the survival rate.
+        candidates: at most this many configs are verified at the end of a launch.
+        margin: whether the winner's learning-rate margin is measured.
+        margin_steps: steps per margin run.
+        fail_fast: stop a config's runs once the bar is out of reach.
+    """
+
+    seeds: int = 16
+    steps: int = 1200
+    min_survival: float = 0.8
+    candidates: int = 3
+    margin: bool = True
+    margin_steps: int = 600
+    fail_fast: bool = True
+
+
+class Runner:
+    """Runs one config on a set of seeds through an executor and waits for every final record."""
+
+    def __init__(self, executor: Executor, model: str, callbacks: Sequence[Callback] = (),
+                 report_every: int = 25, threads: int = 1, skip: Skip | None = None) -> None:
+        self.executor, self.model, self.callbacks = executor, model, list(callbacks)
+        self.report_every, self.threads, self.skip = report_every, threads, skip or Skip()
+        self.compute = Compute()
+
+    def run(self, number: int, phase: Phase, config: TrainConfig, seeds: Sequence[int], steps: int,
+            stop: Callable[[list[RunRecord]], bool] = lambda finals: False) -> TrialOutcome:
+        """Train ``config`` on ``seeds``; cancel the rest once ``stop(finals so far)`` is true."""
+        for cb in self.callbacks:
+            cb.on_phase_start(number, phase, config, seeds)
+        for seed in seeds:
+            self.executor.submit(RunSpec(number, seed, self.model, config, steps, self.report_every,
+                                         self.threads, skip=self.skip, phase=phase))
+        finals: dict[int, RunRecord] = {}
+        cancelled = False
+        while len(finals) < len(seeds):
+            for record in self.executor.poll(timeout=0.5):
+                if record.trial != number or record.phase is not phase or record.seed not in seeds:
+                    continue
+                for cb in self.callbacks:
+                    cb.on_trial_result(record)
+                if record.final:
+                    finals[record.seed] = record
+                    self.compute.add(record)
+                if not cancelled and stop([r for r in finals.values()] + _alarms(record)):
+                    cancelled = True
+                    self.executor.cancel(number)
+        outcome = judge(number, config, {s: finals[s] for s in seeds}, phase=phase)
+        for cb in self.callbacks:
+            cb.on_phase_end(outcome)
+        return outcome
+
+
+def _alarms(record: RunRecord) -> list[RunRecord]:
+    """A divergence alarm (streamed before the forensics) counts at once, before its final record."""
+    return [record] if record.status is RunStatus.DIVERGED and not record.final else []
+
+
+def verify(runner: Runner, number: int, config: TrainConfig, seeds: Sequence[int], steps: int,
+           min_survival: float, fail_fast: bool) -> Verification:
+    """Retrain ``config`` on ``seeds`` (see the module docs)."""
+
+    def out_of_reach(finals: list[RunRecord]) -> bool:
+        diverged = len({r.seed for r in finals if r.status is RunStatus.DIVERGED})
+        return fail_fast and diverged > 0 and not bar_reachable(diverged, len(seeds), min_survival)
+
+    outcome = runner.run(number, Phase.VERIFY, config, seeds, steps, stop=out_of_reach)
+    return summarise(outcome, seeds, steps, min_survival)
+
+
+def summarise(outcome: TrialOutcome, seeds: Sequence[int], steps: int, min_survival: float) -> Verification:
+    """A :class:`Verification` from the final records of a verification's runs."""
+    ended = [r for r in outcome.seeds if r.status in (RunStatus.SURVIVED, RunStatus.DIVERGED)]
+    survivors = [r for r in ended if r.status is RunStatus.SURVIVED]
+    vals = [r.val_loss for r in survivors if r.val_loss is not None]
+    inits = [r.init_val_loss for r in outcome.seeds if r.init_val_loss is not None]
+    return Verification(
+        seeds=tuple(seeds), steps=steps, survived=len(survivors), runs=len(ended), min_survival=min_survival,
+        divergences=tuple((r.seed, r.step) for r in ended if r.status is RunStatus.DIVERGED),
+        failed=sum(r.status is RunStatus.FAILED for r in outcome.seeds),
+        val_loss=statistics.fmean(vals) if vals else None,
+        init_val_loss=statistics.fmean(inits) if inits else None,
+    )
+
+
+def lr_margin(runner: Runner, number: int, config: TrainConfig, base: Verification, steps: int) -> Margin:
+    """The largest learning-rate factor (of 1.5, 2, 3, 5, in turn) at which ``config`` still
+    survives every verification seed and learns; the first factor at which it diverges (or
+    survives without getting below its loss at initialisation) ends the sweep."""
+    tried: dict[float, str] = {}
+    losses: dict[float, float | None] = {1.0: base.val_loss}
+    passed = 1.0
+    for factor in MARGIN_FACTORS:
+        scaled = replace(config, learning_rate=config.learning_rate * factor)
+        outcome = runner.run(number, Phase.MARGIN, scaled, base.seeds, steps,
+                             stop=lambda finals: any(r.status is not RunStatus.SURVIVED for r in finals))
+        first = outcome.divergence
+        if first is not None or any(r.status is not RunStatus.SURVIVED for r in outcome.seeds):
+            what = f"diverged at step {first.step} (seed {first.seed})" if first else "a run failed"
+            tried[factor], losses[factor] = what, None
+            break
+        tried[factor] = f"survived {len(outcome.seeds)}/{len(outcome.seeds)}"
+        losses[factor] = outcome.value
+        if outcome.learned is False:  # finite, but no better than at initialisation: not a margin
+            tried[factor] += f" but did not learn (val_loss {outcome.value:.4g})"
+            break
+        passed = factor
+    return Margin(passed, steps, len(base.seeds), tried, losses, base.init_val_loss)
+
+
+def candidates(study: Any, race_seeds: int) -> list[tuple[int, float, TrainConfig]]:
+    """The configs that may be exported, best validation loss first: COMPLETE trials that learned
+    and (when racing) survived ``race_seeds`` seeds; if no trial was raced that far, every
+    COMPLETE trial that learned."""
+    import optuna
+
+    from tuner.spaces import config_from_flat
+
+    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.value is not None and "config" in t.user_attrs and t.user_attrs.get("learned") is not False]
+    raced = [t for t in done if len(t.user_attrs.get("seeds", ())) >= race_seeds]
+    pool = raced or done
+    pool.sort(key=lambda t: (t.value, t.number))
+    return [(t.number, float(t.value), config_from_flat(t.user_attrs["config"])) for t in pool]
+
+
+def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, race_seeds: int,
+                 say: Callable[[str], None] = print) -> Choice | None:
+    """Verify the best candidates until one meets the bar (at most ``plan.candidates``), choose the
+    winner by the selection rule (``tuner.evidence.choose``), and measure its margin.
+
+    A candidate already verified on the same seeds and steps (a continued study) is not rerun.
+    """
+    from tuner import studyrecord
+
+    seeds = stream.verify(plan.seeds)
+    known = studyrecord.verifications(study)
+    verified: dict[int, tuple[float, Verification]] = {}
+    for number, value, config in candidates(study, race_seeds)[: plan.candidates]:
+        found = known.get(number)
+        if found is None or found.seeds != seeds or found.steps != plan.steps:
+            say(f"verifying trial {number} on {len(seeds)} fresh seeds x {plan.steps} steps")
+            found = replace(verify(runner, number, config, seeds, plan.steps, plan.min_survival, plan.fail_fast),
+                            min_survival=plan.min_survival)
+            studyrecord.save_verification(study, number, found)
+        say(f"trial {number}: {found.text()}: {'meets' if found.met else 'does not meet'} the bar "
+            f"{plan.min_survival:g}")
+        verified[number] = (value, found)
+        if found.met:
+            break
+    choice = choose(verified, plan.min_survival)
+    if choice is None:
+        return None
+    studyrecord.save_choice(study, choice)
+    if plan.margin and choice.met and choice.trial not in studyrecord.margins(study):
+        config = next(c for n, _, c in candidates(study, race_seeds) if n == choice.trial)
+        say(f"trial {choice.trial}: measuring its learning-rate margin (x{', x'.join(map(str, MARGIN_FACTORS))})")
+        margin = lr_margin(runner, choice.trial, config, verified[choice.trial][1], plan.margin_steps)
+        studyrecord.save_margin(study, choice.trial, margin)
+        say(f"trial {choice.trial}: survives up to {margin.lr_factor:g}x its learning rate")
+    return choice
+
+
+def run_verify(args: Any) -> int:
+    """``tuner verify CONFIG.yaml``: retrain the file's config on fresh seeds; 0 if it meets the bar, else 3."""
+    from rich.console import Console
+
+    from tuner.config import prepare_environment
+    from tuner.evidence import fresh_seeds
+    from tuner.executor import ClusterConfig, RayExecutor
+    from tuner.models import load_model, runtime_env
+    from tuner.progress import ProgressView
+
+    console = Console(highlight=False)
+    doc = read_config_file(args.config)
+    model_name = args.model or (doc.get("study") or {}).get("model") or "iterated_mlp"
+    steps = verify_steps(args, doc)
+    _check_bar(args.min_survival, args.seeds)
+    prepare_environment()
+    config = validated_config(doc, model_name, load_model(model_name).knobs, args.config)
+    seeds = fresh_seeds(args.seeds, exclude=_seeds_in(doc), seed=args.seed)
+    console.print(f"verifying {args.config} ({model_name}) on {len(seeds)} fresh seeds x {steps} steps")
+    executor = RayExecutor(ClusterConfig(
+        address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
+        num_cpus=args.num_cpus, runtime_env=runtime_env(model_name),
+    ))
+    try:
+        with ProgressView(1, live=False, console=console) as view:
+            runner = Runner(executor, model_name, [view])
+            result = verify(runner, 0, config, seeds, steps, args.min_survival, args.fail_fast)
+    finally:
+        executor.close()
+    for seed, step in result.divergences:
+        console.print(f"  seed {seed}: diverged at step {step}")
+    console.print(result.text())
+    return _verdict(console, result, args.min_survival)
+
+
+def _verdict(console: Any, result: Verification, bar: float) -> int:
+    if result.met:
+        console.print(f"stable: the 95% lower bound {result.rate_low:.2f} reaches --min-survival {bar:g}")
+        return 0
+    if result.learned is False:
+        console.print(f"unstable: it survived but did not learn (validation loss {result.val_loss:.4g} is not "
+                      f"below {result.init_val_loss:.4g} at initialisation)")
+    else:
+        console.print(f"unstable: the 95% lower bound {result.rate_low:.2f} is below --min-survival {bar:g} "
+                      f"({len(result.divergences)} of {result.runs} seeds diverged)")
+    return 3
+
+
+def _check_bar(min_survival: float, seeds: int) -> None:
+    from tuner.errors import ConfigError
+    from tuner.evidence import wilson_lower
+
+    if not 0.0 <= min_survival <= 1.0:
+        raise ConfigError(f"--min-survival {min_survival:g}: expected a rate between 0 and 1")
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}: expected at least 1")
+    if wilson_lower(seeds, seeds) < min_survival:
+        raise ConfigError(
+            f"--seeds {seeds} cannot reach --min-survival {min_survival:g}: even {seeds}/{seeds} has a 95% lower "
+            f"bound of {wilson_lower(seeds, seeds):.2f}; use more seeds (16 reach 0.80, 35 reach 0.90)"
+        )
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """A config YAML in best_config.yaml's shape (at least a ``config:`` mapping).
+
+    Raises:
+        ConfigError: the file cannot be read, is not YAML, or has no ``config`` mapping.
+    """
+    from pathlib import Path
+
+    import yaml
+
+    from tuner.errors import ConfigError
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        raise ConfigError(f"{path}: expected a mapping with a 'config:' mapping of knob values "
+                          "(the shape of best_config.yaml: config: {learning_rate: 0.001, ...})")
+    return doc
+
+
+def verify_steps(args: Any, doc: dict[str, Any]) -> int:
+    """``--steps``, else twice the file's ``stability.steps``."""
+    from tuner.errors import ConfigError
+
+    if args.steps is not None:
+        if args.steps < 1:
+            raise ConfigError(f"--steps {args.steps}: expected at least 1")
+        return int(args.steps)
+    steps = (doc.get("stability") or {}).get("steps")
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"{args.config}: no stability.steps to double; give --steps N")
+    return 2 * steps
+
+
+def validated_config(doc: dict[str, Any], model: str, knobs: Any, where: str) -> TrainConfig:
+    """The file's ``config`` checked against tuner's and the model's knobs (left-out knobs default)."""
+    from tuner.spaces import space_from
+
+    space = space_from(doc["config"], model, knobs, f"{where}: config")
+    return space.config({name: p.value for name, p in space.params.items()})
+
+
+def _seeds_in(doc: dict[str, Any]) -> list[int]:
+    """Every seed the file says its config was trained on (never reused as a fresh seed)."""
+    stability = doc.get("stability") or {}
+    verified = stability.get("verified") or {}
+    return [int(s) for s in [*stability.get("seeds", []), *verified.get("seeds", [])] if isinstance(s, int)]
