@@ -21,6 +21,11 @@ PLANTED = f"{FIXTURES / 'planted.py'}:Planted"
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# launch flags for tests whose subject is not racing or verification: they keep to the search
+NO_VERIFY = ["--race-seeds", "0", "--verify-seeds", "0"]
+# a launch that ran to its end: 0 (a stable config exported) or 3 (exported, but not shown stable)
+FINISHED = (0, 3)
+
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:

@@ -17,7 +17,7 @@ import optuna
 import pytest
 
 from tests.cluster import RayNodes, free_port, kill_group, start_cluster, start_mlflow_server
-from tests.conftest import ROOT, run_tuner
+from tests.conftest import FINISHED, NO_VERIFY, ROOT, run_tuner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]
 
@@ -40,7 +40,7 @@ def launch_args(tmp: Path, address: str, trials: int, steps: int = 200, tracking
         "launch", "--address", address, "--trials", str(trials), "--steps", str(steps), "--seeds", "2",
         "--study", "s", "--storage", f"sqlite:///{tmp / 't.db'}",
         "--tracking-uri", tracking or f"sqlite:///{tmp / 'm.db'}", "--out", str(tmp / "best.yaml"),
-        "--report-every", "20",
+        "--report-every", "20", *NO_VERIFY,
     ]
 
 
@@ -106,13 +106,13 @@ def check_terminal(tmp: Path, uri: str, expect_finished: int) -> list[optuna.tri
 
 def test_cluster_runs_execute_on_both_nodes(cluster: RayNodes, tmp_path: Path) -> None:
     result = run_tuner(launch_args(tmp_path, cluster.address, trials=3), cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.returncode in FINISHED, result.stdout[-2000:] + result.stderr[-2000:]
     trials = check_terminal(tmp_path, f"sqlite:///{tmp_path / 'm.db'}", 3)
     nodes = {n for t in trials for n in t.user_attrs["nodes"]}
     assert len(nodes) == 2  # one slot per node: the two seeds of a trial run on different nodes
     runs = mlflow_runs(f"sqlite:///{tmp_path / 'm.db'}")
     assert {n for r in runs.values() for n in r.data.tags["node_ids"].split(",")} == nodes
-    per_run = {r.data.tags[f"seed{s}.node_id"] for r in runs.values() for s in (0, 1)}
+    per_run = {r.data.tags[f"seed{s}.node_id"] for r in runs.values() for s in r.data.tags["seeds"].split(",")}
     assert per_run == nodes  # each seed run's node, as a tag
 
 
@@ -126,7 +126,7 @@ def test_cluster_killed_driver_then_same_command_continues(cluster: RayNodes, tm
     left = [t.number for t in study(tmp_path).trials if t.state == optuna.trial.TrialState.RUNNING]
     assert left  # the dead driver left a trial running
     result = run_tuner(args, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.returncode in FINISHED, result.stdout[-2000:] + result.stderr[-2000:]
     assert "was left running by a stopped launch" in result.stdout
     trials = check_terminal(tmp_path, f"sqlite:///{tmp_path / 'm.db'}", 4)
     reruns = {t.user_attrs["rerun_of"]: t for t in trials if "rerun_of" in t.user_attrs}
@@ -147,11 +147,12 @@ def test_cluster_tracking_server_down_mid_study_loses_nothing(cluster: RayNodes,
         wait_until(lambda: finished(tmp_path) >= 2)  # training goes on while MLflow is down
         server = start_mlflow_server(backend, port)
         output, _ = driver.communicate(timeout=300)
-        assert driver.returncode == 0, output[-3000:]
+        assert driver.returncode in FINISHED, output[-3000:]
         assert "is not answering" in output and "answers again" in output
         check_terminal(tmp_path, uri, 4)
         history = mlflow_runs(uri)
-        assert all("seed0/steps_survived" in r.data.metrics for r in history.values())
+        assert all(f"seed{r.data.tags['seeds'].split(',')[0]}/steps_survived" in r.data.metrics
+                   for r in history.values())
     finally:
         kill_group(server)
 
@@ -173,7 +174,7 @@ def test_cluster_random_worker_killed_mid_study_every_trial_terminal(cluster: Ra
     victim = random.choice(worker_pids(cluster))
     os.kill(victim, signal.SIGKILL)
     output, _ = driver.communicate(timeout=400)
-    assert driver.returncode == 0, output[-3000:]
+    assert driver.returncode in FINISHED, output[-3000:]
     assert "worker died" in output
     trials = check_terminal(tmp_path, f"sqlite:///{tmp_path / 'm.db'}", 3)
     assert len(trials) == 3 and all(t.state.is_finished() for t in trials)
@@ -186,7 +187,7 @@ def test_cluster_lost_node_runs_are_retried_and_study_finishes(cluster: RayNodes
     time.sleep(4)  # both seeds are training, one on each node
     kill_group(cluster.workers.pop())
     output, _ = driver.communicate(timeout=400)
-    assert driver.returncode == 0, output[-3000:]
+    assert driver.returncode in FINISHED, output[-3000:]
     assert "worker died" in output and "retrying" in output
     trials = check_terminal(tmp_path, f"sqlite:///{tmp_path / 'm.db'}", 3)
     assert all(t.state != optuna.trial.TrialState.FAIL for t in trials)  # retried, not failed

@@ -74,7 +74,8 @@ def test_choose_falls_back_to_the_highest_lower_bound_and_says_none_met_the_bar(
 def test_verification_round_trips_and_derives_rate_and_bound() -> None:
     v = verification(9, 16)
     doc = v.to_dict()
-    assert doc["rate"] == pytest.approx(9 / 16, abs=1e-4) and doc["rate_low"] == pytest.approx(wilson_lower(9, 16), abs=1e-4)
+    assert doc["rate"] == pytest.approx(9 / 16, abs=1e-4)
+    assert doc["rate_low"] == pytest.approx(wilson_lower(9, 16), abs=1e-4)
     assert doc["met"] is False and Verification.from_dict(doc) == v
     assert verification(16, 16).met and not verification(16, 16, val=1.5).met  # did not learn
 

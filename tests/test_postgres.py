@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import run_tuner
+from tests.conftest import NO_VERIFY, run_tuner
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
 
@@ -34,7 +34,7 @@ def test_launch_on_postgres_storage_and_tracking(postgres: str, tmp_path: Path) 
     result = run_tuner(
         ["launch", "--trials", "2", "--steps", "60", "--seeds", "2", "--study", study_name,
          "--storage", storage, "--tracking-uri", tracking, "--out", str(tmp_path / "best.yaml"),
-         "--num-cpus", "2"],
+         "--num-cpus", "2", *NO_VERIFY],
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]

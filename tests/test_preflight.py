@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import FIXTURES, run_tuner
+from tests.conftest import FIXTURES, NO_VERIFY, run_tuner
 from tuner.errors import DataError
 from tuner.models import load_model
 from tuner.models.counting_cnn import CountingCNN
@@ -114,7 +114,7 @@ def test_launch_allow_bad_data_skips_samples_and_trains_clean(tmp_path: Path) ->
         ["launch", "--model", NAN_LABELS_MODEL, "--space", str(FIXTURES / "spaces" / "cnn_mse.yaml"),
          "--trials", "2", "--steps", "80", "--seeds", "1", "--num-cpus", "2", "--study", "bad",
          "--storage", f"sqlite:///{tmp_path / 't.db'}", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
-         "--out", str(tmp_path / "best.yaml"), "--allow-bad-data"], cwd=tmp_path,
+         "--out", str(tmp_path / "best.yaml"), "--allow-bad-data", *NO_VERIFY], cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "skipping 5 of 512 training and 0 of 64 validation samples" in result.stdout

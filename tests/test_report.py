@@ -6,15 +6,20 @@ import argparse
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import optuna
 import pytest
+from matplotlib.figure import Figure
+from rich.console import Console
 
-from tests.conftest import FIXTURES, PLANTED, run_tuner
+from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, PLANTED, run_tuner
+from tuner import studyrecord
 from tuner.errors import ConfigError
-from tuner.plots import TrialRow, kaplan_meier, other_knob, write_plots
-from tuner.report import run_report, study_rows
+from tuner.evidence import Choice, Margin, Verification
+from tuner.plots import TrialRow, kaplan_meier, other_knob, stability_map, write_plots
+from tuner.report import margin_line, run_report, study_rows, trials_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -65,6 +70,120 @@ def test_report_unknown_study_is_a_clear_error(tmp_path: Path) -> None:
     assert not (tmp_path / "nothing.db").exists()
 
 
+RULE = "lowest validation loss among the configs whose verified 95% lower bound reached 0.8"
+
+
+def add_trial(study: optuna.Study, number: int, lr: float, status: str = "survived", raced: int = 0,
+              learned: bool | None = True) -> None:
+    """A finished trial with the user attrs ``tuner.search`` records (2 search seeds, ``raced`` race seeds)."""
+    phases = ["search"] * 2 + ["race"] * raced
+    survived = [40] + [100] * (len(phases) - 1) if status == "diverged" else [100] * len(phases)
+    attrs: dict[str, Any] = {
+        "config": {"learning_rate": lr, "clip_norm": 1.0}, "status": status, "steps": 100,
+        "steps_survived": survived, "seeds": list(range(10 * number, 10 * number + len(phases))),
+        "phases": phases, "val_loss": 0.5 + number / 10 if status == "survived" else None,
+        "learned": learned if status == "survived" else None, "init_val_loss": 2.31,
+        "divergence_step": 41 if status == "diverged" else None,
+        "diverged_on": "loss" if status == "diverged" else None, "mlflow_run_id": None,
+    }
+    state = optuna.trial.TrialState.COMPLETE if status == "survived" else optuna.trial.TrialState.PRUNED
+    study.add_trial(optuna.trial.create_trial(
+        state=state, value=attrs["val_loss"], user_attrs=attrs))
+    assert study.trials[-1].number == number
+
+
+def verification(survived: int, runs: int = 16) -> Verification:
+    return Verification(seeds=tuple(range(2**30, 2**30 + runs)), steps=100, survived=survived, runs=runs,
+                        min_survival=0.8, val_loss=0.5, init_val_loss=2.31)
+
+
+def verified_study(storage: str) -> optuna.Study:
+    """Trial 0 chosen (16/16, margin 3x), 1 verified 9/16, 2 survived without learning, 3 diverged."""
+    study = optuna.create_study(study_name="v", storage=storage)
+    add_trial(study, 0, 1e-3, raced=6)
+    add_trial(study, 1, 3e-3, raced=6)
+    add_trial(study, 2, 1e-5, learned=False)
+    add_trial(study, 3, 1e-1, status="diverged")
+    studyrecord.save_verification(study, 0, verification(16))
+    studyrecord.save_verification(study, 1, verification(9))
+    studyrecord.save_choice(study, Choice(0, True, RULE))
+    studyrecord.save_margin(study, 0, Margin(
+        lr_factor=3.0, steps=100, seeds=16, tried={1.5: "survived 16/16", 2.0: "survived 16/16",
+                                                   3.0: "survived 16/16", 5.0: "diverged at step 30 (seed 7)"},
+        losses={1.0: 0.5, 1.5: 0.55, 2.0: 0.6, 3.0: 0.7, 5.0: None}, init_val_loss=2.31,
+    ))
+    return study
+
+
+def table_lines(rows: list[TrialRow]) -> dict[int, str]:
+    """Trial number -> its line of the printed trials table."""
+    console = Console(record=True, width=250)
+    console.print(trials_table(rows, {}))
+    lines = console.export_text().splitlines()
+    return {r.number: next(line for line in lines if re.match(rf"\W*{r.number}\s+\W", line)) for r in rows}
+
+
+def test_report_table_shows_seeds_verification_and_did_not_learn(tmp_path: Path) -> None:
+    rows = study_rows(verified_study(f"sqlite:///{tmp_path / 't.db'}"))
+    lines = table_lines(rows)
+    assert re.search(r"\bsurvived\s+\W\s+8 \(6 raced\)\s.*\s16/16 \(>= 0\.81\) \*", lines[0])
+    assert re.search(r"8 \(6 raced\)\s.*\s9/16 \(>= 0\.33\)\s", lines[1])
+    assert "*" not in lines[1]
+    assert re.search(r"survived, did not learn\s+\W\s+2\s+\W\s+100,100 / 100", lines[2])
+    assert re.search(r"\bdiverged\s+\W\s+2\s+\W\s+40,100 / 100\s+\W\s+step 41: loss", lines[3])
+    assert "/16" not in lines[2] + lines[3]
+
+
+def test_report_prints_the_rule_and_the_margin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    storage = f"sqlite:///{tmp_path / 't.db'}"
+    verified_study(storage)
+    args = argparse.Namespace(study="v", storage=storage, tracking_uri=None, out_dir=str(tmp_path / "plots"))
+    assert run_report(args) == 0
+    out = capsys.readouterr().out
+    assert "1 of 4 finished trials diverged" in out
+    assert f"trial 0, by the rule: {RULE}" in " ".join(out.split())
+    # mean of min(loss, init) over lr x 1, 1.5, 2, 3, 5 (5x diverged: the init loss) minus the best loss
+    assert ("trial 0 survives up to 3x its learning rate; LR sensitivity (Wortsman et al.) over lr x 1-5: "
+            "0.432 (loss at init 2.31)") in " ".join(out.split())
+    assert all(p.read_bytes().startswith(PNG) for p in (tmp_path / "plots").iterdir())
+
+
+def test_report_without_a_choice_prints_no_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    storage = f"sqlite:///{tmp_path / 't.db'}"
+    study = optuna.create_study(study_name="v", storage=storage)
+    add_trial(study, 0, 1e-3)
+    rows = study_rows(study)
+    assert (rows[0].raced, rows[0].verification, rows[0].chosen) == (0, None, False)
+    assert run_report(argparse.Namespace(study="v", storage=storage, tracking_uri=None, out_dir=str(tmp_path))) == 0
+    out = capsys.readouterr().out
+    assert "rule" not in out and "learning rate;" not in out
+
+
+def test_margin_line_when_the_first_factor_already_diverged() -> None:
+    margin = Margin(lr_factor=1.0, steps=100, seeds=16, tried={1.5: "diverged at step 12 (seed 3)"},
+                    losses={1.0: 0.5}, init_val_loss=2.0)
+    # 1x: 0.5, the other four factors count as the init loss: (0.5 + 4 * 2.0) / 5 - 0.5
+    assert margin_line(4, margin) == ("trial 4 does not survive 1.5x its learning rate; LR sensitivity "
+                                      "(Wortsman et al.) over lr x 1-5: 1.2 (loss at init 2)")
+    assert margin_line(4, Margin(lr_factor=5.0, steps=100, seeds=16)) == "trial 4 survives up to 5x its learning rate"
+
+
+def legend(ax: Any) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_stability_map_labels_verified_trials_and_stars_the_chosen(tmp_path: Path) -> None:
+    rows = study_rows(verified_study(f"sqlite:///{tmp_path / 't.db'}"))
+    ax = Figure().add_subplot()
+    stability_map(ax, rows)
+    assert sorted(t.get_text() for t in ax.texts) == ["16/16", "9/16"]
+    assert legend(ax) == ["survived", "diverged", "chosen (trial 0)"]
+    ax = Figure().add_subplot()
+    stability_map(ax, [row(i, 10.0 ** -i, (100,)) for i in range(1, 4)])
+    assert [t.get_text() for t in ax.texts] == []
+    assert legend(ax) == ["survived", "diverged"]
+
+
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.tf
@@ -79,9 +198,9 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
         ["launch", "--model", PLANTED, "--space", str(FIXTURES / "spaces" / "planted_log.yaml"),
          "--trials", "4", "--steps", "60", "--seeds", "2", "--report-every", "10", "--num-cpus", "2",
          "--sampler", "random", "--seed", "3", "--study", "s", "--storage", storage, "--tracking-uri", tracking,
-         "--out", str(out)], cwd=tmp_path,
+         "--out", str(out), *NO_VERIFY], cwd=tmp_path,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode in FINISHED, result.stdout[-3000:] + result.stderr[-3000:]
     assert (out.parent / "s_stability_map.png").read_bytes().startswith(PNG)
     assert (out.parent / "s_survival.png").read_bytes().startswith(PNG)
 
@@ -116,5 +235,5 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
     diverged = sum(s == "diverged" for s in statuses.values())
     assert f"{diverged} of 4 finished trials diverged" in result.stdout
     assert "60,60 / 60" in result.stdout  # a survivor's seeds
-    assert re.search(r"diverged\s*\S\s*(39,\d+|\d+,39) / 60", result.stdout)  # the diverged seed survived 39
+    assert re.search(r"diverged\s*\S\s*2\s*\S\s*(39,\d+|\d+,39) / 60", result.stdout)  # the diverged seed survived 39
     assert sorted(p.name for p in report_dir.iterdir()) == ["s_stability_map.png", "s_survival.png"]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.cluster import start_cluster
-from tests.conftest import FIXTURES, ROOT, run_tuner
+from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, run_tuner
 from tuner.errors import ModelError
 from tuner.models import SHIPPED_ENV, load_model, runtime_env
 
@@ -82,9 +82,9 @@ def test_launch_the_example_model_end_to_end(tmp_path: Path) -> None:
     result = run_tuner([
         "launch", "--model", f"{EXAMPLE}:MyIteratedModel", "--space", str(SPACE), "--trials", "2",
         "--steps", "60", "--seeds", "2", "--num-cpus", "2", "--study", "example", "--storage", storage,
-        "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--out", str(tmp_path / "best.yaml"),
+        "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--out", str(tmp_path / "best.yaml"), *NO_VERIFY,
     ], cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode in FINISHED, result.stdout[-3000:] + result.stderr[-3000:]
     states = finished_states(storage, "example")
     assert len(states) == 2 and set(states) <= {"COMPLETE", "PRUNED"}, states
     config = yaml.safe_load((tmp_path / "best.yaml").read_text())["config"]
@@ -124,9 +124,9 @@ def test_launch_user_model_on_two_nodes_imports_it_from_the_runtime_env(
     result = run_tuner([
         "launch", "--address", address, "--model", f"{model}:MyIteratedModel", "--space", str(SPACE),
         "--trials", "2", "--steps", "60", "--seeds", "2", "--study", "two_nodes", "--storage", storage,
-        "--no-tracking", "--out", str(tmp_path / "best.yaml"),
+        "--no-tracking", "--out", str(tmp_path / "best.yaml"), *NO_VERIFY,
     ], cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode in FINISHED, result.stdout[-3000:] + result.stderr[-3000:]
     states = finished_states(storage, "two_nodes")
     assert len(states) == 2 and set(states) <= {"COMPLETE", "PRUNED"}, states
     imports = [entry.split(" ", 1) for entry in log.read_text().splitlines()]

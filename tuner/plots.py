@@ -2,7 +2,8 @@
 
 - **Stability map**: learning rate (log axis) against ``max_iter``, or else the knob that moves
   the steps survived most; a circle per survived trial, a cross per diverged one, shaded by the
-  fraction of the budget its weakest seed survived.
+  fraction of the budget its weakest seed survived. A config verified on fresh seeds is labelled
+  with its verified survival (``16/16``); the exported (chosen) trial is a star.
 - **Survival curves**: the fraction of seed runs still finite at each step (Kaplan-Meier: a seed
   cancelled because a sibling diverged counts as finite up to its cancellation, not after), for
   the whole study and per learning-rate band.
@@ -17,13 +18,21 @@ from typing import Any
 
 import numpy as np
 
+from tuner.evidence import Verification
+
 STABILITY_MAP = "stability_map.png"
 SURVIVAL = "survival.png"
 
 
 @dataclass(frozen=True)
 class TrialRow:
-    """One finished trial as the report and the plots see it (from the Optuna storage)."""
+    """One finished trial as the report and the plots see it (from the Optuna storage).
+
+    ``raced`` counts the seeds run in the race phase (included in ``steps_survived``);
+    ``learned`` says whether the validation loss fell below the loss at initialisation (None:
+    unknown); ``verification`` is the config's run on fresh seeds, if it was verified; ``chosen``
+    marks the trial the selection rule exported.
+    """
 
     number: int
     status: str  # survived, diverged or failed
@@ -34,6 +43,10 @@ class TrialRow:
     diverged_on: str | None = None
     val_loss: float | None = None
     run_id: str | None = None
+    raced: int = 0
+    learned: bool | None = None
+    verification: Verification | None = None
+    chosen: bool = False
 
     @property
     def survived_fraction(self) -> float:
@@ -81,12 +94,7 @@ def stability_map(ax: Any, rows: Sequence[TrialRow]) -> None:
     y, labels, null_at = _axis_values(
         [r.config.get(knob) for r in rows] if knob else [min(r.steps_survived, default=0) for r in rows]
     )
-    shade = np.array([r.survived_fraction for r in rows])
-    survived = np.array([r.status == "survived" for r in rows])
-    style = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0}
-    ok, bad = survived, ~survived
-    points = ax.scatter(x[ok], y[ok], c=shade[ok], marker="o", edgecolors="k", label="survived", **style)
-    ax.scatter(x[bad], y[bad], c=shade[bad], marker="X", s=70, label="diverged", **style)
+    points = _markers(ax, x, y, rows)
     ax.set_xscale("log")
     ax.set_xlabel("learning rate")
     ax.set_ylabel(knob or "steps survived (weakest seed)")
@@ -97,6 +105,30 @@ def stability_map(ax: Any, rows: Sequence[TrialRow]) -> None:
         ax.annotate("null", (0.01, null_at), xycoords=("axes fraction", "data"), va="bottom", fontsize=8)
     ax.legend(loc="best", fontsize=8)
     ax.figure.colorbar(points, ax=ax, label="fraction of the budget survived (weakest seed)")
+
+
+def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRow]) -> Any:
+    """Circles (survived), crosses (diverged), a star (the chosen trial), verified survival labels.
+
+    Returns:
+        The survived trials' scatter (for the colour bar).
+    """
+    shade = np.array([r.survived_fraction for r in rows])
+    survived = np.array([r.status == "survived" for r in rows])
+    chosen = np.array([r.chosen for r in rows])
+    style = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0}
+    ok, bad = survived & ~chosen, ~survived & ~chosen
+    points = ax.scatter(x[ok], y[ok], c=shade[ok], marker="o", edgecolors="k", label="survived", **style)
+    ax.scatter(x[bad], y[bad], c=shade[bad], marker="X", s=70, label="diverged", **style)
+    if chosen.any():
+        number = next(r.number for r in rows if r.chosen)
+        ax.scatter(x[chosen], y[chosen], c=shade[chosen], marker="*", s=260, edgecolors="red", linewidths=1.2,
+                   label=f"chosen (trial {number})", zorder=3, **style)
+    for xi, yi, r in zip(x, y, rows, strict=True):
+        if r.verification is not None:
+            ax.annotate(f"{r.verification.survived}/{r.verification.runs}", (xi, yi), xytext=(6, 4),
+                        textcoords="offset points", fontsize=7)
+    return points
 
 
 def survival_curves(ax: Any, rows: Sequence[TrialRow]) -> None:

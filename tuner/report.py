@@ -1,9 +1,11 @@
 """``tuner report``: a study's trials and stability plots, from its stores alone (no training).
 
 The Optuna storage holds every trial's config, status, steps survived per seed, divergence step
-and validation loss (the user attrs ``tuner.search`` sets). With ``--tracking-uri``, the MLflow
-store adds each divergence's cause (the first non-finite op the forensics named), and the plots
-are attached to the study's latest launch run.
+and validation loss (the user attrs ``tuner.search`` sets), how many of its seeds were raced and
+whether it learned; the study's own attrs (``tuner.studyrecord``) add the verifications on fresh
+seeds, the chosen trial with its selection rule, and its learning-rate margin. With
+``--tracking-uri``, the MLflow store adds each divergence's cause (the first non-finite op the
+forensics named), and the plots are attached to the study's latest launch run.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tuner import studyrecord
 from tuner.config import redact
 from tuner.errors import ConfigError, TrackingError
+from tuner.evidence import MARGIN_FACTORS, Margin, Verification
 from tuner.plots import TrialRow, write_plots
 
 
@@ -30,6 +34,8 @@ def run_report(args: argparse.Namespace) -> int:
     causes = mlflow_causes(args.tracking_uri, args.study) if args.tracking_uri else {}
     console.print(trials_table(rows, causes))
     console.print(diverged_line(rows), highlight=False)
+    for line in selection_lines(study):
+        console.print(line, highlight=False, markup=False)
     paths = write_plots(rows, args.out_dir, prefix=f"{args.study}_")
     if args.tracking_uri:
         attach_plots(args.tracking_uri, args.study, paths)
@@ -58,7 +64,9 @@ def load_study(name: str, storage: str) -> Any:
 
 
 def study_rows(study: Any) -> list[TrialRow]:
-    """The study's finished trials (those tuner recorded), in trial order."""
+    """The study's finished trials (those tuner recorded), in trial order, with their verifications."""
+    verified = studyrecord.verifications(study)
+    chosen = studyrecord.choice(study)
     rows = []
     for t in study.get_trials(deepcopy=False):
         attrs = t.user_attrs
@@ -69,6 +77,8 @@ def study_rows(study: Any) -> list[TrialRow]:
             steps_survived=tuple(attrs.get("steps_survived", ())), steps=int(attrs.get("steps", 0)),
             divergence_step=attrs.get("divergence_step"), diverged_on=attrs.get("diverged_on"),
             val_loss=attrs.get("val_loss"), run_id=attrs.get("mlflow_run_id"),
+            raced=sum(phase == "race" for phase in attrs.get("phases", ())), learned=attrs.get("learned"),
+            verification=verified.get(t.number), chosen=chosen is not None and chosen.trial == t.number,
         ))
     return rows
 
@@ -102,9 +112,13 @@ def cause_text(tags: Mapping[str, str]) -> str:
 
 
 def trials_table(rows: Sequence[TrialRow], causes: Mapping[str, str]) -> Table:
-    """Config, status, steps survived, divergence cause and validation loss of each trial."""
+    """Config, status, seeds, steps survived, divergence cause, validation loss and verification of each trial.
+
+    The verified column reads ``16/16 (>= 0.81)``: survived of the fresh-seed runs and the 95% lower
+    bound of the survival rate; ``*`` marks the chosen (exported) trial.
+    """
     table = Table(title="trials")
-    for column in ("trial", "status", "steps survived", "divergence", "val loss", "config"):
+    for column in ("trial", "status", "seeds", "steps survived", "divergence", "val loss", "verified", "config"):
         table.add_column(column)
     shown = _varying(rows)
     for r in rows:
@@ -116,8 +130,52 @@ def trials_table(rows: Sequence[TrialRow], causes: Mapping[str, str]) -> Table:
         val = "" if r.val_loss is None or not math.isfinite(r.val_loss) else f"{r.val_loss:.4g}"
         config = " ".join(f"{k}={_short(r.config.get(k))}" for k in shown)
         steps = ",".join(map(str, r.steps_survived)) + (f" / {r.steps}" if r.steps else "")
-        table.add_row(str(r.number), r.status, steps, divergence, val, config)
+        table.add_row(str(r.number), status_text(r), seeds_text(r), steps, divergence, val, verified_text(r), config)
     return table
+
+
+def status_text(row: TrialRow) -> str:
+    """The trial's status; a survivor whose validation loss stayed at or above its loss at
+    initialisation reads ``survived, did not learn``."""
+    return "survived, did not learn" if row.status == "survived" and row.learned is False else row.status
+
+
+def seeds_text(row: TrialRow) -> str:
+    """How many seeds the trial ran (``8 (6 raced)`` when some were race seeds)."""
+    count = str(len(row.steps_survived))
+    return f"{count} ({row.raced} raced)" if row.raced else count
+
+
+def verified_text(row: TrialRow) -> str:
+    """``16/16 (>= 0.81)`` for a verified trial, ``*`` appended for the chosen one; "" otherwise."""
+    v: Verification | None = row.verification
+    text = "" if v is None else f"{v.survived}/{v.runs} (>= {v.rate_low:.2f})"
+    return f"{text} *".strip() if row.chosen else text
+
+
+def selection_lines(study: Any) -> list[str]:
+    """The selection rule that chose the exported trial, and that trial's learning-rate margin."""
+    chosen = studyrecord.choice(study)
+    if chosen is None:
+        return []
+    lines = [f"chosen (*): trial {chosen.trial}, by the rule: {chosen.rule}"]
+    margin = studyrecord.margins(study).get(chosen.trial)
+    if margin is not None:
+        lines.append(margin_line(chosen.trial, margin))
+    return lines
+
+
+def margin_line(trial: int, margin: Margin) -> str:
+    """``trial 5 survives up to 3x its learning rate; LR sensitivity (Wortsman et al.) ...``."""
+    if margin.lr_factor > 1.0:
+        line = f"trial {trial} survives up to {margin.lr_factor:g}x its learning rate"
+    else:
+        line = f"trial {trial} does not survive {MARGIN_FACTORS[0]:g}x its learning rate"
+    sensitivity = margin.lr_sensitivity
+    if sensitivity is not None:
+        line += (f"; LR sensitivity (Wortsman et al.) over lr x 1-{MARGIN_FACTORS[-1]:g}: {sensitivity:.3g}"
+                 f" (loss at init {margin.init_val_loss:.3g})")
+    return line
 
 
 def diverged_line(rows: Sequence[TrialRow]) -> str:

@@ -1,0 +1,173 @@
+"""Robustness: does the exported config survive seeds it never saw, and what do racing and verification cost?
+
+For each budget (small: 8 trials x 300 steps; default: 30 trials x 600 steps) and each sampler
+seed S, two launches of ``python -m tuner launch`` run, each in its own process, temporary folder
+and SQLite Optuna storage (``--no-tracking --no-live --num-cpus 2 --seed S``):
+
+- tuner now: the defaults (racing to 8 seeds, verification on 16 fresh seeds at 2x the steps, the
+  learning-rate margin);
+- no racing: ``--race-seeds 0 --verify-seeds 0 --no-margin`` (the launch before racing existed).
+
+Each exported best_config.yaml is then retrained on 32 held-out seeds at 2x the budget's steps
+(``python -m tuner verify --seed 1000+S``): its survival k/32. Compute is the study's
+``tuner.compute`` attr (steps trained per phase); the compute ratio is the (search + race + verify)
+steps of tuner now over the search steps of no racing, and again with the margin's steps added;
+the wall ratio compares the launches' wall times (Ray start and shutdown included).
+
+Goals, per budget over the sampler seeds: tuner now's worst held-out survival >= 31/32, and its
+median compute ratio <= 1.6x.
+
+    .venv/bin/python bench/robustness.py [--budgets small,default] [--sampler-seeds 0,1,2]
+                                         [--held-out-seeds 32] [--json PATH] [--smoke]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import optuna
+from benchlib import ROOT, median, print_header, table, write_json
+
+BUDGETS = {"small": (8, 300), "default": (30, 600)}  # name -> (trials, steps)
+SMOKE = (3, 60)
+VARIANTS = {"now": [], "norace": ["--race-seeds", "0", "--verify-seeds", "0", "--no-margin"]}
+PHASES = ("search", "race", "verify", "margin")
+NORMAL_EXITS = (0, 3)  # 0: a verified success; 3: the config is not shown stable
+GOAL_SURVIVAL = 31 / 32
+GOAL_COMPUTE = 1.6
+Z95 = 1.959963984540054
+
+
+def tuner(argv: list[str], cwd: str) -> tuple[int, str]:
+    """Run ``python -m tuner ARGV`` in ``cwd``; its exit status and stdout. Stops on an abnormal exit."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=4 * 3600)
+    if done.returncode not in NORMAL_EXITS:
+        sys.stderr.write(done.stdout[-3000:] + done.stderr[-8000:])
+        sys.exit(f"python -m tuner {' '.join(argv)} exited {done.returncode}")
+    return done.returncode, done.stdout
+
+
+def launch(tmp: str, trials: int, steps: int, seed: int, extra: list[str]) -> dict[str, Any]:
+    """One timed launch in ``tmp``: exit status, wall seconds, steps per phase."""
+    storage = f"sqlite:///{tmp}/optuna.db"
+    argv = ["launch", "--trials", str(trials), "--steps", str(steps), "--storage", storage,
+            "--out", f"{tmp}/best_config.yaml", "--no-tracking", "--no-live", "--num-cpus", "2",
+            "--seed", str(seed), *extra]
+    started = time.perf_counter()
+    code, _ = tuner(argv, tmp)
+    wall = time.perf_counter() - started
+    compute = optuna.load_study(study_name="iterated_mlp", storage=storage).user_attrs.get("tuner.compute", {})
+    return {"exit": code, "wall": wall, "steps": {p: compute.get(p, {}).get("steps", 0.0) for p in PHASES},
+            "runs": {p: compute.get(p, {}).get("runs", 0.0) for p in PHASES}}
+
+
+def held_out(tmp: str, steps: int, seeds: int, seed: int) -> tuple[int, int]:
+    """Survived k of n: the exported config retrained on ``seeds`` held-out seeds x 2 ``steps``."""
+    # the bar only sets verify's exit status (unused here); cap it at what ``seeds`` can reach
+    bar = min(0.8, int(100 * seeds / (seeds + Z95 * Z95)) / 100)
+    _, out = tuner(["verify", f"{tmp}/best_config.yaml", "--seeds", str(seeds), "--steps", str(2 * steps),
+                    "--seed", str(1000 + seed), "--num-cpus", "2", "--min-survival", str(bar)], tmp)
+    found = re.findall(r"survived (\d+)/(\d+)", out)
+    if not found:
+        sys.exit(f"no 'survived k/n' line in tuner verify's output:\n{out[-3000:]}")
+    k, n = found[-1]
+    return int(k), int(n)
+
+
+def measure(trials: int, steps: int, seed: int, held_out_seeds: int) -> dict[str, Any]:
+    """Both launches and their held-out checks for one budget and sampler seed."""
+    row: dict[str, Any] = {"trials": trials, "steps": steps, "sampler_seed": seed}
+    for name, extra in VARIANTS.items():
+        with tempfile.TemporaryDirectory(prefix=f"tuner-robustness-{name}-") as tmp:
+            result = launch(tmp, trials, steps, seed, extra)
+            result["survived"], result["runs_held_out"] = held_out(tmp, steps, held_out_seeds, seed)
+        row[name] = result
+    now, norace = row["now"]["steps"], row["norace"]["steps"]
+    spent = now["search"] + now["race"] + now["verify"]
+    row["compute_ratio"] = spent / norace["search"] if norace["search"] else float("nan")
+    row["compute_ratio_margin"] = (spent + now["margin"]) / norace["search"] if norace["search"] else float("nan")
+    row["wall_ratio"] = row["now"]["wall"] / row["norace"]["wall"]
+    return row
+
+
+def rate(result: dict[str, Any]) -> float:
+    """Held-out survival rate (NaN when no run ended)."""
+    return result["survived"] / result["runs_held_out"] if result["runs_held_out"] else float("nan")
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    """One line per budget x sampler seed."""
+    head = ["budget", "S", "held-out now", "held-out no race", "exit now/no race",
+            *(f"{p} steps" for p in PHASES), "no-race steps", "ratio", "ratio+margin",
+            "wall now s", "wall no race s", "wall ratio"]
+    lines = [[r["budget"], r["sampler_seed"], f"{r['now']['survived']}/{r['now']['runs_held_out']}",
+              f"{r['norace']['survived']}/{r['norace']['runs_held_out']}",
+              f"{r['now']['exit']}/{r['norace']['exit']}", *(int(r["now"]["steps"][p]) for p in PHASES),
+              int(r["norace"]["steps"]["search"]), r["compute_ratio"], r["compute_ratio_margin"],
+              r["now"]["wall"], r["norace"]["wall"], r["wall_ratio"]] for r in rows]
+    print(table(head, lines))
+
+
+def summarise(budget: str, rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The worst held-out rates and the median ratios of one budget, with RESULT lines."""
+    s = {"worst_now": min(rate(r["now"]) for r in rows), "worst_norace": min(rate(r["norace"]) for r in rows),
+         "compute_ratio": median([r["compute_ratio"] for r in rows]),
+         "compute_ratio_margin": median([r["compute_ratio_margin"] for r in rows]),
+         "wall_ratio": median([r["wall_ratio"] for r in rows])}
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    print(f"RESULT robustness {budget} worst_survival = {s['worst_now']:.3f} tuner now, {s['worst_norace']:.3f} "
+          f"no racing (goal >= {GOAL_SURVIVAL:.3f} = 31/32: {verdict(s['worst_now'] >= GOAL_SURVIVAL)})")
+    for key, what in (("compute_ratio", "search+race+verify"), ("compute_ratio_margin", "with the margin")):
+        print(f"RESULT robustness {budget} {key} = {s[key]:.2f}x steps, {what} vs no racing's search "
+              f"(median; goal <= {GOAL_COMPUTE}: {verdict(s[key] <= GOAL_COMPUTE)})")
+    print(f"RESULT robustness {budget} wall_ratio = {s['wall_ratio']:.2f}x (median)")
+    return s
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budgets", default="small,default", help="comma-separated: small, default")
+    p.add_argument("--sampler-seeds", default="0,1,2", help="comma-separated sampler seeds")
+    p.add_argument("--held-out-seeds", type=int, default=32, help="seeds of the held-out check (default 32)")
+    p.add_argument("--smoke", action="store_true", help="3 trials x 60 steps, 4 held-out seeds, one sampler seed")
+    p.add_argument("--json", help="write the raw figures here")
+    args = p.parse_args()
+    seeds = [int(s) for s in args.sampler_seeds.split(",")]
+    unknown = set(args.budgets.split(",")) - set(BUDGETS)
+    if unknown:
+        p.error(f"--budgets: unknown {', '.join(sorted(unknown))} (choose from {', '.join(BUDGETS)})")
+    budgets = {name: BUDGETS[name] for name in args.budgets.split(",")}
+    if args.smoke:
+        budgets, seeds, args.held_out_seeds = {"smoke": SMOKE}, seeds[:1], 4
+
+    print_header(f"robustness: {', '.join(f'{n} ({t} trials x {s} steps)' for n, (t, s) in budgets.items())}, "
+                 f"sampler seeds {seeds}, {args.held_out_seeds} held-out seeds at 2x steps")
+    rows, summaries = [], {}
+    for budget, (trials, steps) in budgets.items():
+        for seed in seeds:
+            row = {"budget": budget, **measure(trials, steps, seed, args.held_out_seeds)}
+            rows.append(row)
+            print(f"{budget} S={seed}: held-out {row['now']['survived']}/{row['now']['runs_held_out']} tuner now, "
+                  f"{row['norace']['survived']}/{row['norace']['runs_held_out']} no racing; "
+                  f"compute {row['compute_ratio']:.2f}x", flush=True)
+    print_rows(rows)
+    for budget in budgets:
+        summaries[budget] = summarise(budget, [r for r in rows if r["budget"] == budget])
+    write_json(args.json, {"rows": rows, "summaries": summaries})
+
+
+if __name__ == "__main__":
+    main()
