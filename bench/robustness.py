@@ -37,6 +37,7 @@ from benchlib import ROOT, median, print_header, table, write_json
 
 BUDGETS = {"small": (8, 300), "default": (30, 600)}  # name -> (trials, steps)
 SMOKE = (3, 60)
+SMOKE_NOW = ["--race-seeds", "4", "--verify-seeds", "4", "--min-survival", "0.4"]  # a quick smoke
 VARIANTS = {"now": [], "norace": ["--race-seeds", "0", "--verify-seeds", "0", "--no-margin"]}
 PHASES = ("search", "race", "verify", "margin")
 NORMAL_EXITS = (0, 3)  # 0: a verified success; 3: the config is not shown stable
@@ -84,10 +85,11 @@ def held_out(tmp: str, steps: int, seeds: int, seed: int) -> tuple[int, int]:
     return int(k), int(n)
 
 
-def measure(trials: int, steps: int, seed: int, held_out_seeds: int) -> dict[str, Any]:
+def measure(trials: int, steps: int, seed: int, held_out_seeds: int, smoke: bool = False) -> dict[str, Any]:
     """Both launches and their held-out checks for one budget and sampler seed."""
     row: dict[str, Any] = {"trials": trials, "steps": steps, "sampler_seed": seed}
     for name, extra in VARIANTS.items():
+        extra = SMOKE_NOW if smoke and name == "now" else extra
         with tempfile.TemporaryDirectory(prefix=f"tuner-robustness-{name}-") as tmp:
             result = launch(tmp, trials, steps, seed, extra)
             result["survived"], result["runs_held_out"] = held_out(tmp, steps, held_out_seeds, seed)
@@ -158,7 +160,7 @@ def main() -> None:
     rows, summaries = [], {}
     for budget, (trials, steps) in budgets.items():
         for seed in seeds:
-            row = {"budget": budget, **measure(trials, steps, seed, args.held_out_seeds)}
+            row = {"budget": budget, **measure(trials, steps, seed, args.held_out_seeds, args.smoke)}
             rows.append(row)
             print(f"{budget} S={seed}: held-out {row['now']['survived']}/{row['now']['runs_held_out']} tuner now, "
                   f"{row['norace']['survived']}/{row['norace']['runs_held_out']} no racing; "

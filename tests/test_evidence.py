@@ -81,8 +81,9 @@ def test_verification_round_trips_and_derives_rate_and_bound() -> None:
 
 
 def test_margin_lr_sensitivity_counts_diverged_factors_as_the_loss_at_init() -> None:
-    margin = Margin(2.0, 100, 16, {1.5: "survived", 2.0: "survived", 3.0: "diverged"},
-                    {1.0: 0.1, 1.5: 0.2, 2.0: 0.3, 3.0: None}, init_val_loss=1.0)
-    # factors 1, 1.5, 2, 3, 5 -> 0.1, 0.2, 0.3, 1.0 (diverged), 1.0 (not run); best 0.1
-    assert margin.lr_sensitivity == pytest.approx((0.1 + 0.2 + 0.3 + 1.0 + 1.0) / 5 - 0.1)
+    # the top-down sweep: x5 and x3 diverged, x2 survived (x1.5 not needed)
+    margin = Margin(2.0, 100, 16, {5.0: "diverged", 3.0: "diverged", 2.0: "survived"},
+                    {1.0: 0.1, 5.0: None, 3.0: None, 2.0: 0.3}, init_val_loss=1.0)
+    # factors 1, 2, 3, 5 -> 0.1, 0.3, 1.0 (diverged), 1.0 (diverged); best 0.1
+    assert margin.lr_sensitivity == pytest.approx((0.1 + 0.3 + 1.0 + 1.0) / 4 - 0.1)
     assert Margin.from_dict(margin.to_dict()) == margin

@@ -143,7 +143,7 @@ def test_report_prints_the_rule_and_the_margin(tmp_path: Path, capsys: pytest.Ca
     assert "1 of 4 finished trials diverged" in out
     assert f"trial 0, by the rule: {RULE}" in " ".join(out.split())
     # mean of min(loss, init) over lr x 1, 1.5, 2, 3, 5 (5x diverged: the init loss) minus the best loss
-    assert ("trial 0 survives up to 3x its learning rate; LR sensitivity (Wortsman et al.) over lr x 1-5: "
+    assert ("trial 0 survives up to 3x its learning rate; LR sensitivity (Wortsman et al.) over lr x 1, 1.5, 2, 3, 5: "
             "0.432 (loss at init 2.31)") in " ".join(out.split())
     assert all(p.read_bytes().startswith(PNG) for p in (tmp_path / "plots").iterdir())
 
@@ -160,11 +160,12 @@ def test_report_without_a_choice_prints_no_rule(tmp_path: Path, capsys: pytest.C
 
 
 def test_margin_line_when_the_first_factor_already_diverged() -> None:
-    margin = Margin(lr_factor=1.0, steps=100, seeds=16, tried={1.5: "diverged at step 12 (seed 3)"},
-                    losses={1.0: 0.5}, init_val_loss=2.0)
-    # 1x: 0.5, the other four factors count as the init loss: (0.5 + 4 * 2.0) / 5 - 0.5
+    tried = {f: "diverged at step 12 (seed 3)" for f in (5.0, 3.0, 2.0, 1.5)}
+    margin = Margin(lr_factor=1.0, steps=100, seeds=16, tried=tried,
+                    losses={1.0: 0.5, 5.0: None, 3.0: None, 2.0: None, 1.5: None}, init_val_loss=2.0)
+    # 1x: 0.5, the other four factors diverged and count as the init loss: (0.5 + 4 * 2.0) / 5 - 0.5
     assert margin_line(4, margin) == ("trial 4 does not survive 1.5x its learning rate; LR sensitivity "
-                                      "(Wortsman et al.) over lr x 1-5: 1.2 (loss at init 2)")
+                                      "(Wortsman et al.) over lr x 1, 1.5, 2, 3, 5: 1.2 (loss at init 2)")
     assert margin_line(4, Margin(lr_factor=5.0, steps=100, seeds=16)) == "trial 4 survives up to 5x its learning rate"
 
 

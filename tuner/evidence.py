@@ -177,14 +177,14 @@ class Margin:
     """How far the learning rate of a config can rise before it diverges on the verification seeds.
 
     Attributes:
-        lr_factor: the largest factor such that the config survived every seed at it and at every
-            smaller factor tried (1.0: it diverged already at the first factor).
+        lr_factor: the largest factor at which the config survived every seed and learned (1.0:
+            none of them); the sweep runs from the top and stops at the first that passes.
         steps: steps per run.
         seeds: how many verification seeds each factor was run on.
         tried: factor -> what happened (``survived 16/16`` or ``diverged at step 212 (seed S)``);
-            factors after the first failure are not run.
-        losses: factor -> mean validation loss (None where it diverged or was not run); factor 1.0
-            is the verification itself.
+            factors below the first that passed are not run.
+        losses: factor -> mean validation loss (None where it diverged); factor 1.0 is the
+            verification itself.
         init_val_loss: the loss at initialisation (the loss a diverged factor counts as).
     """
 
@@ -197,12 +197,13 @@ class Margin:
 
     @property
     def lr_sensitivity(self) -> float | None:
-        """Wortsman et al.'s LR sensitivity over this sweep (see the module docs); None if unknown.
+        """Wortsman et al.'s LR sensitivity over the factors run (see the module docs); None if unknown.
 
-        A factor that diverged or was not run counts as the loss at initialisation.
+        A factor that diverged counts as the loss at initialisation; factors below the margin
+        that the top-down sweep did not need to run are left out.
         """
         init = self.init_val_loss
-        factors = (1.0, *MARGIN_FACTORS)
+        factors = (1.0, *(f for f in MARGIN_FACTORS if f in self.losses))
         if init is None or self.losses.get(1.0) is None:
             return None
         losses = [self.losses.get(f) for f in factors]

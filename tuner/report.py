@@ -173,7 +173,8 @@ def margin_line(trial: int, margin: Margin) -> str:
         line = f"trial {trial} does not survive {MARGIN_FACTORS[0]:g}x its learning rate"
     sensitivity = margin.lr_sensitivity
     if sensitivity is not None:
-        line += (f"; LR sensitivity (Wortsman et al.) over lr x 1-{MARGIN_FACTORS[-1]:g}: {sensitivity:.3g}"
+        factors = ", ".join(f"{f:g}" for f in sorted({1.0, *margin.losses}))
+        line += (f"; LR sensitivity (Wortsman et al.) over lr x {factors}: {sensitivity:.3g}"
                  f" (loss at init {margin.init_val_loss:.3g})")
     return line
 

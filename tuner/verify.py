@@ -112,28 +112,28 @@ def summarise(outcome: TrialOutcome, seeds: Sequence[int], steps: int, min_survi
 
 
 def lr_margin(runner: Runner, number: int, config: TrainConfig, base: Verification, steps: int) -> Margin:
-    """The largest learning-rate factor (of 1.5, 2, 3, 5, in turn) at which ``config`` still
-    survives every verification seed and learns; the first factor at which it diverges (or
-    survives without getting below its loss at initialisation) ends the sweep."""
+    """The largest learning-rate factor (of 1.5, 2, 3, 5) at which ``config`` still survives every
+    verification seed and learns, searched from the top: the first factor that passes is the
+    answer, and a factor that fails usually fails within a few runs (its runs stop at the first
+    divergence), so a robust config costs one pass instead of four."""
     tried: dict[float, str] = {}
     losses: dict[float, float | None] = {1.0: base.val_loss}
-    passed = 1.0
-    for factor in MARGIN_FACTORS:
+    for factor in sorted(MARGIN_FACTORS, reverse=True):
         scaled = replace(config, learning_rate=config.learning_rate * factor)
         outcome = runner.run(number, Phase.MARGIN, scaled, base.seeds, steps,
                              stop=lambda finals: any(r.status is not RunStatus.SURVIVED for r in finals))
         first = outcome.divergence
         if first is not None or any(r.status is not RunStatus.SURVIVED for r in outcome.seeds):
-            what = f"diverged at step {first.step} (seed {first.seed})" if first else "a run failed"
-            tried[factor], losses[factor] = what, None
-            break
+            tried[factor] = f"diverged at step {first.step} (seed {first.seed})" if first else "a run failed"
+            losses[factor] = None
+            continue
         tried[factor] = f"survived {len(outcome.seeds)}/{len(outcome.seeds)}"
         losses[factor] = outcome.value
         if outcome.learned is False:  # finite, but no better than at initialisation: not a margin
             tried[factor] += f" but did not learn (val_loss {outcome.value:.4g})"
-            break
-        passed = factor
-    return Margin(passed, steps, len(base.seeds), tried, losses, base.init_val_loss)
+            continue
+        return Margin(factor, steps, len(base.seeds), tried, losses, base.init_val_loss)
+    return Margin(1.0, steps, len(base.seeds), tried, losses, base.init_val_loss)
 
 
 def candidates(study: Any, race_seeds: int) -> list[tuple[int, float, TrainConfig]]:
@@ -182,7 +182,8 @@ def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, rac
     studyrecord.save_choice(study, choice)
     if plan.margin and choice.met and choice.trial not in studyrecord.margins(study):
         config = next(c for n, _, c in candidates(study, race_seeds) if n == choice.trial)
-        say(f"trial {choice.trial}: measuring its learning-rate margin (x{', x'.join(map(str, MARGIN_FACTORS))})")
+        factors = ", x".join(f"{f:g}" for f in sorted(MARGIN_FACTORS, reverse=True))
+        say(f"trial {choice.trial}: measuring its learning-rate margin (x{factors}, until one survives)")
         margin = lr_margin(runner, choice.trial, config, verified[choice.trial][1], plan.margin_steps)
         studyrecord.save_margin(study, choice.trial, margin)
         say(f"trial {choice.trial}: survives up to {margin.lr_factor:g}x its learning rate")
