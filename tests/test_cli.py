@@ -106,3 +106,48 @@ def test_launch_unreachable_tracking_server_is_a_clear_error(tmp_path: Path) -> 
 def test_launch_more_gpus_than_the_cluster_is_a_clear_error(tmp_path: Path) -> None:
     err = _bad_launch(tmp_path, "--gpus-per-trial", "1", "--num-gpus", "0", "--no-tracking")
     assert "--gpus-per-trial 1 asks for more GPUs than any node has" in err
+
+
+def test_parser_launch_racing_and_verification_flags() -> None:
+    args = parser().parse_args([
+        "launch", "--race-seeds", "4", "--verify-seeds", "32", "--verify-steps", "900", "--min-survival", "0.9",
+        "--verify-candidates", "2", "--no-margin",
+    ])
+    config = LaunchConfig(**{k: v for k, v in launch_flags(args).items() if v is not None})
+    assert (config.race_seeds, config.verify_seeds, config.verification_steps) == (4, 32, 900)
+    assert (config.min_survival, config.verify_candidates, config.margin) == (0.9, 2, False)
+    defaults = LaunchConfig()
+    assert (defaults.race_seeds, defaults.verify_seeds, defaults.verification_steps) == (8, 16, 1200)
+    assert (defaults.min_survival, defaults.margin) == (0.8, True)
+
+
+def test_parser_verify_flags() -> None:
+    args = parser().parse_args(["verify", "best.yaml", "--seeds", "32", "--steps", "900", "--model", "counting_cnn",
+                                "--min-survival", "0.9", "--seed", "3"])
+    assert (args.config, args.seeds, args.steps, args.model) == ("best.yaml", 32, 900, "counting_cnn")
+    assert (args.min_survival, args.seed, args.fail_fast) == (0.9, 3, False)
+    defaults = parser().parse_args(["verify", "best.yaml"])
+    assert (defaults.seeds, defaults.steps, defaults.min_survival) == (16, None, 0.8)
+
+
+CONFIGS = FIXTURES / "configs"
+
+
+@pytest.mark.parametrize(("text", "flags", "message"), [
+    (None, [], "cannot read the config"),
+    ("learning_rate: 0.1\n", [], "expected a mapping with a 'config:' mapping"),
+    ("config: {learning_rate: 0.001}\n", [], "no stability.steps to double; give --steps N"),
+    ("config: {learning_rate: 0.001, widht: 3}\n", ["--steps", "10"], "'widht' is not a knob of model 'iterated_mlp'"),
+    ("config: {learning_rate: -1}\n", ["--steps", "10"], "learning_rate"),
+    ("config: {learning_rate: 0.001}\n", ["--steps", "10", "--seeds", "4"], "cannot reach --min-survival 0.8"),
+    ("config: {learning_rate: 0.001}\n", ["--steps", "10", "--model", "resnet"], "unknown model 'resnet'"),
+])
+def test_main_verify_bad_input_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str | None, flags: list[str], message: str
+) -> None:
+    path = tmp_path / "c.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert main(["verify", str(path), *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

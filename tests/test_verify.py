@@ -1,15 +1,23 @@
 """End-of-launch verification and the export it leads to, driven by the in-process executor of
-test_search (the real executor and TensorFlow are in test_launch.py and test_verify_cli.py)."""
+test_search; then ``tuner verify`` for real (Ray, TensorFlow) on two known configs. A launch's
+own verification with real training is in test_launch.py."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import optuna
+import pytest
 import yaml
 
+from tests.conftest import FIXTURES, run_tuner
 from tests.test_search import STREAM, FakeExecutor, make_search
 from tuner import studyrecord
 from tuner.export import best_config, is_success
 from tuner.verify import Plan, Runner, verify_study
+
+CONFIGS = FIXTURES / "configs"
 
 
 def run_and_verify(executor: FakeExecutor, lrs: list[float], plan: Plan, race_seeds: int = 4) -> optuna.Study:
@@ -69,3 +77,27 @@ def test_export_never_calls_a_survivor_that_did_not_learn_a_success() -> None:
     doc = best_config(study, "sqlite:///x.db", 200)
     assert doc["stability"]["learned"] is False and doc["stability"]["diverged"] is False
     assert "did not learn" in doc["note"] and not is_success(doc)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.tf
+def test_verify_command_calls_the_7_of_16_config_unstable(tmp_path: Path) -> None:
+    """The config an 8 x 300 launch exported before racing existed (7 of 16 fresh seeds diverged)."""
+    result = run_tuner(["verify", str(CONFIGS / "unstable_iterated.yaml"), "--steps", "900", "--seed", "1",
+                        "--num-cpus", "2"], cwd=tmp_path)
+    assert result.returncode == 3, result.stdout[-3000:] + result.stderr[-3000:]
+    survived = re.findall(r"survived (\d+)/16 \(rate", result.stdout)
+    assert survived and int(survived[-1]) <= 12  # diverged on several of the 16 fresh seeds
+    assert "unstable: the 95% lower bound" in result.stdout and "below --min-survival 0.8" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.tf
+def test_verify_command_passes_a_config_that_holds_16_of_16(tmp_path: Path) -> None:
+    result = run_tuner(["verify", str(CONFIGS / "stable_iterated.yaml"), "--steps", "900", "--seed", "1",
+                        "--num-cpus", "2"], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "survived 16/16 (rate 1.00, 95% lower bound 0.81)" in result.stdout
+    assert "stable: the 95% lower bound 0.81 reaches --min-survival 0.8" in result.stdout
