@@ -4,8 +4,8 @@ For each budget (small: 8 trials x 300 steps; default: 30 trials x 600 steps) an
 seed S, two launches of ``python -m tuner launch`` run, each in its own process, temporary folder
 and SQLite Optuna storage (``--no-tracking --no-live --num-cpus 2 --seed S``):
 
-- tuner now: the defaults (racing to 8 seeds, verification on 16 fresh seeds at 2x the steps, the
-  learning-rate margin);
+- tuner now: the defaults (racing to 4 seeds, verification on 16 fresh seeds at 2x the steps, the
+  learning-rate margin), plus any ``--now-flags`` (``--now-flags="--race-seeds 8"``);
 - no racing: ``--race-seeds 0 --verify-seeds 0 --no-margin`` (the launch before racing existed).
 
 Each exported best_config.yaml is then retrained on 32 held-out seeds at 2x the budget's steps
@@ -19,6 +19,7 @@ median compute ratio <= 1.6x.
 
     .venv/bin/python bench/robustness.py [--budgets small,default] [--sampler-seeds 0,1,2]
                                          [--held-out-seeds 32] [--json PATH] [--smoke]
+                                         [--now-flags="--race-seeds 8"]
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ def main() -> None:
     p.add_argument("--sampler-seeds", default="0,1,2", help="comma-separated sampler seeds")
     p.add_argument("--held-out-seeds", type=int, default=32, help="seeds of the held-out check (default 32)")
     p.add_argument("--smoke", action="store_true", help="3 trials x 60 steps, 4 held-out seeds, one sampler seed")
+    p.add_argument("--now-flags", default="", help="extra launch flags of the 'tuner now' launches")
     p.add_argument("--json", help="write the raw figures here")
     args = p.parse_args()
     seeds = [int(s) for s in args.sampler_seeds.split(",")]
@@ -154,6 +156,7 @@ def main() -> None:
     budgets = {name: BUDGETS[name] for name in args.budgets.split(",")}
     if args.smoke:
         budgets, seeds, args.held_out_seeds = {"smoke": SMOKE}, seeds[:1], 4
+    VARIANTS["now"] = args.now_flags.split()
 
     print_header(f"robustness: {', '.join(f'{n} ({t} trials x {s} steps)' for n, (t, s) in budgets.items())}, "
                  f"sampler seeds {seeds}, {args.held_out_seeds} held-out seeds at 2x steps")

@@ -56,7 +56,7 @@ def add_launch(sub: Any) -> None:
                    help="live terminal view (default: when stdout is a terminal)")
     p.add_argument("--race-seeds", type=int,
                    help="seeds a trial that could become the best must survive, doubling from --seeds; "
-                        "at or below --seeds: no racing (default 8)")
+                        "at or below --seeds: no racing (default 4)")
     p.add_argument("--verify-seeds", type=int,
                    help="fresh seeds the best configs are retrained on at the end; 0: no verification (default 16)")
     p.add_argument("--verify-steps", type=int, help="steps of a verification run (default: 2 x --steps)")

@@ -54,7 +54,7 @@ class LaunchConfig(BaseModel):
     out: str = "best_config.yaml"
     allow_bad_data: bool = False
     live: bool | None = None
-    race_seeds: int = Field(8, ge=0)
+    race_seeds: int = Field(4, ge=0)
     verify_seeds: int = Field(16, ge=0)
     verify_steps: int | None = Field(None, ge=1)
     min_survival: float = Field(0.8, ge=0.0, le=1.0)
@@ -115,13 +115,22 @@ def load_launch(flags: dict[str, Any], config_file: str | None = None) -> Launch
     return config
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
+def read_yaml(path: str | Path, what: str) -> Any:
+    """A YAML file, loaded safely.
+
+    Raises:
+        ConfigError: the file cannot be read, or is not YAML (``what`` names it in the message).
+    """
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        return yaml.safe_load(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the launch config: {exc.strerror}") from exc
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    raw = read_yaml(path, "launch config")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of launch settings")
     return {k.replace("-", "_"): v for k, v in raw.items()}

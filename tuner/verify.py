@@ -259,18 +259,10 @@ def read_config_file(path: str) -> dict[str, Any]:
     Raises:
         ConfigError: the file cannot be read, is not YAML, or has no ``config`` mapping.
     """
-    from pathlib import Path
-
-    import yaml
-
+    from tuner.config import read_yaml
     from tuner.errors import ConfigError
 
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    doc = read_yaml(path, "config")
     if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
         raise ConfigError(f"{path}: expected a mapping with a 'config:' mapping of knob values "
                           "(the shape of best_config.yaml: config: {learning_rate: 0.001, ...})")
