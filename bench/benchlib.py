@@ -218,14 +218,19 @@ def import_driver() -> None:
 
 
 def launch_config(tmp: str | Path, **values: Any) -> Any:
-    """A LaunchConfig for a benchmark launch: stores and output in ``tmp``, no live view."""
+    """A LaunchConfig for a benchmark launch: stores and output in ``tmp``, no live view.
+
+    The search alone, as these benchmarks measured it before racing, verification and the pruner
+    existed (no racing, no verification, no margin, no pruner), unless ``values`` say otherwise:
+    bench/robustness.py measures what those cost.
+    """
     from tuner.config import LaunchConfig
 
     tracking = not values.pop("no_tracking", False)
     base: dict[str, Any] = {
         "model": MODEL, "storage": f"sqlite:///{tmp}/optuna.db", "out": f"{tmp}/best_config.yaml",
         "tracking_uri": f"sqlite:///{tmp}/mlflow.db" if tracking else None, "no_tracking": not tracking,
-        "live": False,
+        "live": False, "race_seeds": 0, "verify_seeds": 0, "margin": False, "pruner": "none",
     }
     return LaunchConfig(**{**base, **values})
 

@@ -6,7 +6,8 @@ and SQLite Optuna storage (``--no-tracking --no-live --num-cpus 2 --seed S``):
 
 - tuner now: the defaults (racing to 4 seeds, verification on 16 fresh seeds at 2x the steps, the
   learning-rate margin), plus any ``--now-flags`` (``--now-flags="--race-seeds 8"``);
-- no racing: ``--race-seeds 0 --verify-seeds 0 --no-margin`` (the launch before racing existed).
+- no racing: ``--race-seeds 0 --verify-seeds 0 --no-margin --pruner none`` (the launch before
+  racing, verification and the pruner existed).
 
 Each exported best_config.yaml is then retrained on 32 held-out seeds at 2x the budget's steps
 (``python -m tuner verify --seed 1000+S``): its survival k/32. Compute is the study's
@@ -39,7 +40,7 @@ from benchlib import ROOT, median, print_header, table, write_json
 BUDGETS = {"small": (8, 300), "default": (30, 600)}  # name -> (trials, steps)
 SMOKE = (3, 60)
 SMOKE_NOW = ["--race-seeds", "4", "--verify-seeds", "4", "--min-survival", "0.4"]  # a quick smoke
-VARIANTS = {"now": [], "norace": ["--race-seeds", "0", "--verify-seeds", "0", "--no-margin"]}
+VARIANTS = {"now": [], "norace": ["--race-seeds", "0", "--verify-seeds", "0", "--no-margin", "--pruner", "none"]}
 PHASES = ("search", "race", "verify", "margin")
 NORMAL_EXITS = (0, 3)  # 0: a verified success; 3: the config is not shown stable
 GOAL_SURVIVAL = 31 / 32
@@ -73,8 +74,9 @@ def launch(tmp: str, trials: int, steps: int, seed: int, extra: list[str]) -> di
             "runs": {p: compute.get(p, {}).get("runs", 0.0) for p in PHASES}}
 
 
-def held_out(tmp: str, steps: int, seeds: int, seed: int) -> tuple[int, int]:
-    """Survived k of n: the exported config retrained on ``seeds`` held-out seeds x 2 ``steps``."""
+def held_out(tmp: str, steps: int, seeds: int, seed: int) -> tuple[int, int, float]:
+    """Survived k of n, and the survivors' validation loss: the exported config retrained on
+    ``seeds`` held-out seeds x 2 ``steps``."""
     # the bar only sets verify's exit status (unused here); cap it at what ``seeds`` can reach
     bar = min(0.8, int(100 * seeds / (seeds + Z95 * Z95)) / 100)
     _, out = tuner(["verify", f"{tmp}/best_config.yaml", "--seeds", str(seeds), "--steps", str(2 * steps),
@@ -83,7 +85,8 @@ def held_out(tmp: str, steps: int, seeds: int, seed: int) -> tuple[int, int]:
     if not found:
         sys.exit(f"no 'survived k/n' line in tuner verify's output:\n{out[-3000:]}")
     k, n = found[-1]
-    return int(k), int(n)
+    val = re.findall(r"validation loss ([0-9.e+-]+) \(mean", out)
+    return int(k), int(n), float(val[-1]) if val else float("nan")
 
 
 def measure(trials: int, steps: int, seed: int, held_out_seeds: int, smoke: bool = False) -> dict[str, Any]:
@@ -93,7 +96,8 @@ def measure(trials: int, steps: int, seed: int, held_out_seeds: int, smoke: bool
         extra = SMOKE_NOW if smoke and name == "now" else extra
         with tempfile.TemporaryDirectory(prefix=f"tuner-robustness-{name}-") as tmp:
             result = launch(tmp, trials, steps, seed, extra)
-            result["survived"], result["runs_held_out"] = held_out(tmp, steps, held_out_seeds, seed)
+            result["survived"], result["runs_held_out"], result["val_loss"] = held_out(
+                tmp, steps, held_out_seeds, seed)
         row[name] = result
     now, norace = row["now"]["steps"], row["norace"]["steps"]
     spent = now["search"] + now["race"] + now["verify"]
@@ -112,12 +116,13 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
     """One line per budget x sampler seed."""
     head = ["budget", "S", "held-out now", "held-out no race", "exit now/no race",
             *(f"{p} steps" for p in PHASES), "no-race steps", "ratio", "ratio+margin",
-            "wall now s", "wall no race s", "wall ratio"]
+            "wall now s", "wall no race s", "wall ratio", "val_loss now", "val_loss no race"]
     lines = [[r["budget"], r["sampler_seed"], f"{r['now']['survived']}/{r['now']['runs_held_out']}",
               f"{r['norace']['survived']}/{r['norace']['runs_held_out']}",
               f"{r['now']['exit']}/{r['norace']['exit']}", *(int(r["now"]["steps"][p]) for p in PHASES),
               int(r["norace"]["steps"]["search"]), r["compute_ratio"], r["compute_ratio_margin"],
-              r["now"]["wall"], r["norace"]["wall"], r["wall_ratio"]] for r in rows]
+              r["now"]["wall"], r["norace"]["wall"], r["wall_ratio"], r["now"]["val_loss"],
+              r["norace"]["val_loss"]] for r in rows]
     print(table(head, lines))
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -25,6 +25,15 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 NO_VERIFY = ["--race-seeds", "0", "--verify-seeds", "0"]
 # a launch that ran to its end: 0 (a stable config exported) or 3 (exported, but not shown stable)
 FINISHED = (0, 3)
+# Optuna state name -> the MLflow status tags that match it (a pruner-stopped trial is PRUNED too)
+STATUSES = {"COMPLETE": ("survived",), "PRUNED": ("diverged", "stopped"), "FAIL": ("failed",)}
+
+
+def expected_status(trial: Any) -> str:
+    """The MLflow ``status`` tag an Optuna trial's run must have (checked against its state)."""
+    status = str(trial.user_attrs.get("status", STATUSES[trial.state.name][0]))
+    assert status in STATUSES[trial.state.name], (trial.number, trial.state, status)
+    return status
 
 
 @pytest.fixture(scope="session")

@@ -17,15 +17,10 @@ import optuna
 import pytest
 
 from tests.cluster import RayNodes, free_port, kill_group, start_cluster, start_mlflow_server
-from tests.conftest import FINISHED, NO_VERIFY, ROOT, run_tuner
+from tests.conftest import FINISHED, NO_VERIFY, ROOT, expected_status, run_tuner
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]
 
-STATUS_OF = {
-    optuna.trial.TrialState.COMPLETE: "survived",
-    optuna.trial.TrialState.PRUNED: "diverged",
-    optuna.trial.TrialState.FAIL: "failed",
-}
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +92,7 @@ def check_terminal(tmp: Path, uri: str, expect_finished: int) -> list[optuna.tri
     runs = mlflow_runs(uri)
     for t in trials:
         run = runs[t.number]
-        assert run.data.tags["status"] == STATUS_OF[t.state], t.number
+        assert run.data.tags["status"] == expected_status(t), t.number
         assert run.info.status in ("FINISHED", "FAILED", "KILLED")
         if t.number in interrupted:
             assert run.info.status == "KILLED"

@@ -10,15 +10,9 @@ import optuna
 import pytest
 import yaml
 
-from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, run_tuner
+from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, expected_status, run_tuner
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
-
-STATUS_OF = {
-    optuna.trial.TrialState.COMPLETE: "survived",
-    optuna.trial.TrialState.PRUNED: "diverged",
-    optuna.trial.TrialState.FAIL: "failed",
-}
 
 
 def launch(
@@ -50,12 +44,12 @@ def check_stores(tmp_path: Path, trials: int) -> list[optuna.trial.FrozenTrial]:
     assert sorted(children) == sorted(t.number for t in finished)
     for t in finished:
         run = children[t.number]
-        assert run.data.tags["status"] == STATUS_OF[t.state]
+        assert run.data.tags["status"] == expected_status(t)
         assert run.info.status == ("FAILED" if t.state == optuna.trial.TrialState.FAIL else "FINISHED")
         assert "mlflow.parentRunId" in run.data.tags
         first_seed = t.user_attrs["seeds"][0]
         assert f"seed{first_seed}/steps_survived" in run.data.metrics and "min_steps_survived" in run.data.metrics
-        if t.state == optuna.trial.TrialState.PRUNED:
+        if t.user_attrs["status"] == "diverged":
             assert int(run.data.tags["divergence_step"]) == t.user_attrs["divergence_step"]
             assert run.data.tags["diverged_on"] in ("loss", "gradient", "weight", "validation")
     return finished

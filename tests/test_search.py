@@ -17,7 +17,7 @@ import pytest
 from tuner.evidence import SeedStream
 from tuner.models import Knob
 from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrialState
-from tuner.search import Budget, Search, judge
+from tuner.search import Budget, Search, judge, make_pruner
 from tuner.spaces import space_from
 
 KNOBS = {"width": Knob("int", 8, 1, 64)}
@@ -63,7 +63,8 @@ class FakeExecutor:
         diverge_at, val = outcome_of(spec, self.bad_seeds)
         end = min(diverge_at or spec.steps + 1, spec.steps + 1)
         out = [
-            RunRecord(spec.trial, spec.seed, s, RunStatus.RUNNING, loss=1.0 / s, steps_survived=s, phase=spec.phase)
+            RunRecord(spec.trial, spec.seed, s, RunStatus.RUNNING, loss=val + 1.0 / s, steps_survived=s,
+                      phase=spec.phase)
             for s in range(spec.report_every, end, spec.report_every)
         ]
         if diverge_at is not None and diverge_at <= spec.steps:
@@ -108,11 +109,12 @@ def spec_seeds(trial: int) -> tuple[int, ...]:
 
 
 def make_search(trials: int, executor: FakeExecutor, sampler: optuna.samplers.BaseSampler,
-                race_seeds: int = 0) -> Search:
+                race_seeds: int = 0, pruner: str = "none") -> Search:
     params = {"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}}
     space = space_from(params, "fake", KNOBS, "<test>")
-    study = optuna.create_study(direction="minimize", sampler=sampler)
-    budget = Budget(trials, steps=200, seeds=2, report_every=20, race_seeds=race_seeds)
+    study = optuna.create_study(direction="minimize", sampler=sampler, pruner=make_pruner(pruner))
+    budget = Budget(trials, steps=200, seeds=2, report_every=20, race_seeds=race_seeds,
+                    prune_from=100 if pruner != "none" else 0)
     return Search(study, space, "fake", executor, budget, stream=STREAM)
 
 
@@ -259,3 +261,17 @@ def test_search_trial_behind_a_racing_trial_waits_and_races_once_that_one_falls_
     leader, second = search.study.trials
     assert leader.state == optuna.trial.TrialState.PRUNED
     assert second.state == optuna.trial.TrialState.COMPLETE and len(second.user_attrs["seeds"]) == 4
+
+
+def test_search_median_pruner_stops_a_finite_trial_behind_and_never_calls_it_diverged() -> None:
+    executor = FakeExecutor(slots=2)  # one trial at a time: five complete before the sixth runs
+    search = make_search(7, executor, optuna.samplers.RandomSampler(seed=0), pruner="median")
+    for lr in [10**-2.5, 10**-2.4, 10**-2.6, 10**-2.5, 10**-2.45, 1e-5, 10**-2.5]:
+        search.study.enqueue_trial({"learning_rate": lr})
+    outcomes = {o.number: o for o in search.run()}
+    behind = search.study.trials[5]
+    assert outcomes[5].state is TrialState.STOPPED and behind.state == optuna.trial.TrialState.PRUNED
+    assert behind.user_attrs["status"] == "stopped" and behind.user_attrs["divergence_step"] is None
+    assert "at step 100 its loss was behind" in behind.user_attrs["reason"]
+    assert max(behind.intermediate_values) == 100  # stopped at half the steps, not before
+    assert [outcomes[n].state for n in (0, 1, 2, 3, 4, 6)] == [TrialState.COMPLETE] * 6

@@ -21,7 +21,7 @@ LAUNCH_FLAGS = (
     "tracking_uri", "no_tracking", "address", "cpus_per_trial", "gpus_per_trial",
     "max_concurrent", "max_retries", "num_cpus", "num_gpus", "sampler", "seed", "out",
     "allow_bad_data", "live", "race_seeds", "verify_seeds", "verify_steps", "min_survival",
-    "verify_candidates", "margin",
+    "verify_candidates", "margin", "pruner",
 )
 
 
@@ -60,6 +60,9 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--verify-seeds", type=int,
                    help="fresh seeds the best configs are retrained on at the end; 0: no verification (default 16)")
     p.add_argument("--verify-steps", type=int, help="steps of a verification run (default: 2 x --steps)")
+    p.add_argument("--pruner", choices=("none", "median"),
+                   help="stop a finite trial whose loss is behind the completed trials' median, from half its "
+                        "steps on; never counted as diverged (default median)")
     p.add_argument("--min-survival", type=float,
                    help="bar for the 95%% lower bound of the verified survival rate (default 0.8)")
     p.add_argument("--verify-candidates", type=int,

@@ -60,6 +60,7 @@ class LaunchConfig(BaseModel):
     min_survival: float = Field(0.8, ge=0.0, le=1.0)
     verify_candidates: int = Field(3, ge=1)
     margin: bool = True
+    pruner: Literal["none", "median"] = "median"
 
     @model_validator(mode="after")
     def _check(self) -> LaunchConfig:

@@ -43,6 +43,7 @@ def best_trial(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, str] | No
     if complete:
         rule = "no COMPLETE trial learned: the lowest validation loss of those that survived"
         return min(complete, key=lambda t: (t.value, t.number)), rule
+    trials = [t for t in trials if t.user_attrs.get("status") != "stopped"]  # finite, stopped for its loss
     if not trials:
         return None
     rule = "no trial survived the budget: the one whose weakest seed survived longest"

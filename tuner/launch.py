@@ -58,7 +58,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         )
         stream = studyrecord.seed_stream(study, config.seed)
         budget = Budget(config.trials, config.steps, config.seeds, config.report_every, config.threads,
-                        race_seeds=config.race_seeds)
+                        race_seeds=config.race_seeds, prune_from=config.steps // 2 if config.pruner != "none" else 0)
         with ProgressView(todo, live=config.live, console=console) as view:
             callbacks = [c for c in (tracker, view) if c is not None]
             run_id = tracker.run_id if tracker else None
@@ -191,14 +191,14 @@ def open_study(config: LaunchConfig, space: SearchSpace) -> Any:
     """Create the study, or load it to continue (same name and storage)."""
     import optuna
 
-    from tuner.search import make_sampler
+    from tuner.search import make_pruner, make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = make_sampler(config.sampler, config.seed, len(space.searched()))
     try:
         return optuna.create_study(
             study_name=config.study_name, storage=config.storage, sampler=sampler,
-            direction="minimize", load_if_exists=True,
+            pruner=make_pruner(config.pruner), direction="minimize", load_if_exists=True,
         )
     except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as exc:
         raise ConfigError(
@@ -232,7 +232,8 @@ def _study_summary(study: Any) -> dict[str, float]:
 
     trials = study.get_trials(deepcopy=False)
     finished = [t for t in trials if t.state.is_finished()]
-    pruned = sum(t.state == optuna.trial.TrialState.PRUNED for t in finished)
+    pruned = sum(t.state == optuna.trial.TrialState.PRUNED and t.user_attrs.get("status") != "stopped"
+                 for t in finished)
     return {
         "trials_finished": float(len(finished)),
         "diverged_fraction": pruned / len(finished) if finished else math.nan,

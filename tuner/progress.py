@@ -92,6 +92,7 @@ class ProgressView:
         table = Table(title=f"tuner: {len(self.done)}/{self.total} trials finished", show_header=False)
         table.add_row("survived", str(counts[TrialState.COMPLETE]))
         table.add_row("diverged", str(counts[TrialState.PRUNED]))
+        table.add_row("stopped (behind)", str(counts[TrialState.STOPPED]))
         table.add_row("failed", str(counts[TrialState.FAIL]))
         for number, seeds in sorted(self._running.items()):
             steps = ", ".join(f"seed {s}: {step}" for s, step in sorted(seeds.items())) or "starting"

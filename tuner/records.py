@@ -194,10 +194,15 @@ class RunRecord:
 
 
 class TrialState(enum.StrEnum):
-    """The Optuna state a trial ends in, and the MLflow ``status`` tag that matches it."""
+    """How a trial ended: the MLflow ``status`` tag (the value) and, through it, the Optuna state.
+
+    ``STOPPED`` is a finite trial the pruner stopped because its loss was behind: Optuna holds it
+    as PRUNED, like a diverged one, but it never counts as a divergence.
+    """
 
     COMPLETE = "survived"
     PRUNED = "diverged"
+    STOPPED = "stopped"
     FAIL = "failed"
 
 

@@ -183,8 +183,11 @@ def diverged_line(rows: Sequence[TrialRow]) -> str:
     """The fraction of finished trials that diverged."""
     done = [r for r in rows if r.status in ("survived", "diverged")]
     diverged = sum(r.status == "diverged" for r in done)
+    stopped = sum(r.status == "stopped" for r in rows)
     share = f" ({diverged / len(done):.0%})" if done else ""
-    return f"{diverged} of {len(done)} finished trials diverged{share}; {len(rows) - len(done)} failed"
+    failed = len(rows) - len(done) - stopped
+    text = f"{diverged} of {len(done)} finished trials diverged{share}; {failed} failed"
+    return text + (f"; {stopped} stopped early for a loss behind the median" if stopped else "")
 
 
 def attach_plots(uri: str, experiment: str, paths: Sequence[Path]) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import optuna
@@ -33,6 +33,7 @@ from tuner.spaces import SearchSpace
 _OPTUNA_STATE = {
     TrialState.COMPLETE: optuna.trial.TrialState.COMPLETE,
     TrialState.PRUNED: optuna.trial.TrialState.PRUNED,
+    TrialState.STOPPED: optuna.trial.TrialState.PRUNED,
     TrialState.FAIL: optuna.trial.TrialState.FAIL,
 }
 
@@ -93,6 +94,7 @@ class Budget:
     report_every: int = 25
     threads: int = 1
     race_seeds: int = 0
+    prune_from: int = 0  # the first step at which the study's pruner may stop a finite trial (0: never)
 
     def race_levels(self) -> tuple[int, ...]:
         """The seed counts a raced trial reaches after its search seeds (2 -> 4 -> 8: (4, 8))."""
@@ -116,6 +118,7 @@ class _Trial:
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> seed -> loss
     reported: set[int] = field(default_factory=set)
     cancelled: bool = False
+    stopped_at: int | None = None  # the step at which the pruner stopped it
 
     def records(self, phase_only: bool = False) -> dict[int, RunRecord]:
         """Final records in seed order (search seeds first): this phase's, or every phase's."""
@@ -213,6 +216,14 @@ class Search:
             active.trial.report(statistics.fmean(at_step.values()), record.step)
             active.reported.add(record.step)
             del active.losses[record.step]
+            if 0 < self.budget.prune_from <= record.step < self.budget.steps and active.trial.should_prune():
+                self._stop(active, record.step)
+
+    def _stop(self, active: _Trial, step: int) -> None:
+        """The pruner found this finite trial behind: stop its runs (it is not a divergence)."""
+        if not active.cancelled:
+            active.cancelled, active.stopped_at = True, step
+            self.executor.cancel(active.trial.number)
 
     def _phase_done(self, active: _Trial) -> None:
         number = active.trial.number
@@ -221,6 +232,11 @@ class Search:
             for cb in self.callbacks:
                 cb.on_phase_end(part)
         outcome = judge(number, active.config, active.records())
+        if active.stopped_at is not None and outcome.state is TrialState.FAIL and all(
+            r.status is not RunStatus.FAILED for r in outcome.seeds
+        ):
+            reason = f"at step {active.stopped_at} its loss was behind the median of the completed trials"
+            outcome = replace(outcome, state=TrialState.STOPPED, reason=reason)
         self._standing.pop(number, None)
         self._racing.discard(number)
         if outcome.state is TrialState.COMPLETE and outcome.learned is not False and outcome.value is not None:
@@ -321,6 +337,18 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
         return optuna.samplers.RandomSampler(seed=seed)
     startup = min(10, max(4, 2 * searched))
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup)
+
+
+def make_pruner(kind: str) -> optuna.pruners.BasePruner:
+    """The study's pruner: ``median`` (Optuna's MedianPruner once 5 trials completed) or ``none``.
+
+    It only ever stops a finite trial whose mean training loss is behind the median of the
+    completed trials at the same step, and only from ``Budget.prune_from`` on (half the steps in
+    a launch): such a trial is STOPPED, never counted as diverged.
+    """
+    if kind == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+    return optuna.pruners.NopPruner()
 
 
 def judge(

@@ -33,7 +33,8 @@ from tuner.records import Forensics, NonFiniteKind, Phase, RunRecord, TrainConfi
 
 log = logging.getLogger(__name__)
 
-_RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "FINISHED", TrialState.FAIL: "FAILED"}
+_RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "FINISHED", TrialState.STOPPED: "FINISHED",
+               TrialState.FAIL: "FAILED"}
 _BATCH = 1000
 DIVERGENCE_FILE = "divergence.json"
 
@@ -251,7 +252,8 @@ class Tracker:
     def _close_orphans(self, study: Any) -> int:
         import optuna
 
-        states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        states = {n: t.state for n, t in trials.items()}
         runs = self.client.search_runs(
             [self.experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=5000
         )
@@ -262,7 +264,8 @@ class Tracker:
             number = run.data.tags.get("trial")
             state = states.get(int(number)) if number is not None else None
             if state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
-                tag = "survived" if state == optuna.trial.TrialState.COMPLETE else "diverged"
+                default = "survived" if state == optuna.trial.TrialState.COMPLETE else "diverged"
+                tag = str(trials[int(number)].user_attrs.get("status", default))
                 self.client.set_tag(run.info.run_id, "status", tag)
                 self.client.set_terminated(run.info.run_id, "FINISHED")
             else:

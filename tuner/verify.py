@@ -222,6 +222,9 @@ def run_verify(args: Any) -> int:
     for seed, step in result.divergences:
         console.print(f"  seed {seed}: diverged at step {step}")
     console.print(result.text())
+    if result.val_loss is not None and result.init_val_loss is not None:
+        console.print(f"validation loss {result.val_loss:.4g} (mean over the seeds that survived; "
+                      f"{result.init_val_loss:.4g} at initialisation)")
     return _verdict(console, result, args.min_survival)
 
 
