@@ -4,7 +4,7 @@ For each budget (small: 8 trials x 300 steps; default: 30 trials x 600 steps) an
 seed S, two launches of ``python -m tuner launch`` run, each in its own process, temporary folder
 and SQLite Optuna storage (``--no-tracking --no-live --num-cpus 2 --seed S``):
 
-- tuner now: the defaults (racing to 4 seeds, verification on 16 fresh seeds at 2x the steps, the
+- tuner now: the defaults (racing to 8 seeds, verification on 16 fresh seeds at 2x the steps, the
   learning-rate margin), plus any ``--now-flags`` (``--now-flags="--race-seeds 8"``);
 - no racing: ``--race-seeds 0 --verify-seeds 0 --no-margin --pruner none`` (the launch before
   racing, verification and the pruner existed).

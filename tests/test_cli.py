@@ -117,8 +117,8 @@ def test_parser_launch_racing_and_verification_flags() -> None:
     assert (config.race_seeds, config.verify_seeds, config.verification_steps) == (4, 32, 900)
     assert (config.min_survival, config.verify_candidates, config.margin) == (0.9, 2, False)
     defaults = LaunchConfig()
-    assert (defaults.race_seeds, defaults.verify_seeds, defaults.verification_steps) == (4, 16, 1200)
-    assert (defaults.min_survival, defaults.margin) == (0.8, True)
+    assert (defaults.race_seeds, defaults.verify_seeds, defaults.verification_steps) == (8, 16, 1200)
+    assert (defaults.min_survival, defaults.margin, defaults.pruner) == (0.8, True, "none")
 
 
 def test_parser_verify_flags() -> None:

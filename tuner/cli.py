@@ -56,13 +56,13 @@ def add_launch(sub: Any) -> None:
                    help="live terminal view (default: when stdout is a terminal)")
     p.add_argument("--race-seeds", type=int,
                    help="seeds a trial that could become the best must survive, doubling from --seeds; "
-                        "at or below --seeds: no racing (default 4)")
+                        "at or below --seeds: no racing (default 8)")
     p.add_argument("--verify-seeds", type=int,
                    help="fresh seeds the best configs are retrained on at the end; 0: no verification (default 16)")
     p.add_argument("--verify-steps", type=int, help="steps of a verification run (default: 2 x --steps)")
     p.add_argument("--pruner", choices=("none", "median"),
                    help="stop a finite trial whose loss is behind the completed trials' median, from half its "
-                        "steps on; never counted as diverged (default median)")
+                        "steps on; never counted as diverged (default none)")
     p.add_argument("--min-survival", type=float,
                    help="bar for the 95%% lower bound of the verified survival rate (default 0.8)")
     p.add_argument("--verify-candidates", type=int,

@@ -54,13 +54,13 @@ class LaunchConfig(BaseModel):
     out: str = "best_config.yaml"
     allow_bad_data: bool = False
     live: bool | None = None
-    race_seeds: int = Field(4, ge=0)
+    race_seeds: int = Field(8, ge=0)
     verify_seeds: int = Field(16, ge=0)
     verify_steps: int | None = Field(None, ge=1)
     min_survival: float = Field(0.8, ge=0.0, le=1.0)
     verify_candidates: int = Field(3, ge=1)
     margin: bool = True
-    pruner: Literal["none", "median"] = "median"
+    pruner: Literal["none", "median"] = "none"
 
     @model_validator(mode="after")
     def _check(self) -> LaunchConfig:
