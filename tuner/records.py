@@ -225,10 +225,10 @@ class TrialOutcome:
         None when either is unknown (a trial that did not survive, or a run from a worker that
         did not measure it).
         """
-        inits = [r.init_val_loss for r in self.seeds if r.init_val_loss is not None]
-        if self.value is None or len(inits) != len(self.seeds) or not inits:
+        init = self.init_val_loss
+        if self.value is None or init is None or any(r.init_val_loss is None for r in self.seeds):
             return None
-        return self.value < sum(inits) / len(inits)
+        return self.value < init
 
     @property
     def init_val_loss(self) -> float | None:

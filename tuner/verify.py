@@ -164,12 +164,13 @@ def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, rac
     seeds = stream.verify(plan.seeds)
     known = studyrecord.verifications(study)
     verified: dict[int, tuple[float, Verification]] = {}
+    configs: dict[int, TrainConfig] = {}
     for number, value, config in candidates(study, race_seeds)[: plan.candidates]:
+        configs[number] = config
         found = known.get(number)
         if found is None or found.seeds != seeds or found.steps != plan.steps:
             say(f"verifying trial {number} on {len(seeds)} fresh seeds x {plan.steps} steps")
-            found = replace(verify(runner, number, config, seeds, plan.steps, plan.min_survival, plan.fail_fast),
-                            min_survival=plan.min_survival)
+            found = verify(runner, number, config, seeds, plan.steps, plan.min_survival, plan.fail_fast)
             studyrecord.save_verification(study, number, found)
         say(f"trial {number}: {found.text()}: {'meets' if found.met else 'does not meet'} the bar "
             f"{plan.min_survival:g}")
@@ -181,10 +182,9 @@ def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, rac
         return None
     studyrecord.save_choice(study, choice)
     if plan.margin and choice.met and choice.trial not in studyrecord.margins(study):
-        config = next(c for n, _, c in candidates(study, race_seeds) if n == choice.trial)
         factors = ", x".join(f"{f:g}" for f in sorted(MARGIN_FACTORS, reverse=True))
         say(f"trial {choice.trial}: measuring its learning-rate margin (x{factors}, until one survives)")
-        margin = lr_margin(runner, choice.trial, config, verified[choice.trial][1], plan.margin_steps)
+        margin = lr_margin(runner, choice.trial, configs[choice.trial], verified[choice.trial][1], plan.margin_steps)
         studyrecord.save_margin(study, choice.trial, margin)
         say(f"trial {choice.trial}: survives up to {margin.lr_factor:g}x its learning rate")
     return choice
