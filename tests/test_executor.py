@@ -104,3 +104,17 @@ def test_stop_monitor_kills_the_embedded_clusters_monitor() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "alive before [True] after [False]" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+def test_executor_reuses_a_workers_graph_for_the_same_model_config(executor: RayExecutor) -> None:
+    """Four runs of one config on two workers: at most one build per worker, and a reused graph
+    gives a seed the very run a fresh build gave it."""
+    for seed in (5, 6, 5, 6):
+        executor.submit(spec(7, seed=seed, steps=30, width=3))
+    finals = [r for r in collect(executor, 4) if r.final]
+    assert all(r.status is RunStatus.SURVIVED for r in finals)
+    graphs = [r.info["graph"] for r in finals]
+    assert graphs.count("built") <= 2 and graphs.count("reused") == 4 - graphs.count("built") >= 2
+    for seed in (5, 6):
+        runs = {(r.loss, r.val_loss, r.init_val_loss) for r in finals if r.seed == seed}
+        assert len(runs) == 1  # built or reused, the same numbers

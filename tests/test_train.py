@@ -118,16 +118,105 @@ def test_build_adds_l2_over_kernels_only() -> None:
 
     model = Planted()
     knobs = {k: v.default for k, v in model.knobs.items()} | {"width": 3}
-    base = build(model, TrainConfig(1e-2, knobs=knobs), 0)
-    with_l2 = build(model, TrainConfig(1e-2, l2_weight=0.5, knobs=knobs), 0)
+    base = TrainConfig(1e-2, knobs=knobs)
+    with_l2 = TrainConfig(1e-2, l2_weight=0.5, knobs=knobs)
     data = model.data(knobs)
     values = []
-    for built in (base, with_l2):
+    for config in (base, with_l2):
+        built = build(model, config, 0)
         with tf.compat.v1.Session(graph=built.graph) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            feed = dict(zip(built.model.inputs, data.batch(1, 0), strict=True))
-            _, _, gnorm = sess.run(built.train_fetches, feed)
+            sess.run(built.init)
+            _, _, gnorm = sess.run(built.train_fetches, built.feed(config, data.batch(1, 0)))
             values.append(gnorm)
     # each of the 12 kernel entries has data gradient -0.4; the L2 term adds 0.5 * w = 0.05
     assert values[0] == pytest.approx(0.4 * 12**0.5, rel=1e-5)
     assert values[1] == pytest.approx(0.35 * 12**0.5, rel=1e-5)
+
+
+def _trained(model: object, spec: RunSpec, graphs: object = None) -> list:
+    from tuner.train import train_run
+
+    return list(train_run(model, model.data(spec.config.knobs), spec, graphs=graphs))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("name", "knobs", "steps"),
+    [("iterated_mlp", {"max_iter": 4}, 60), ("counting_cnn", {}, 6)],
+)
+def test_reused_graph_trains_exactly_as_a_fresh_build(name: str, knobs: dict, steps: int) -> None:
+    """A kept graph, reseeded for another seed and fed other tuner knobs, gives a fresh build's run."""
+    from tuner.models import load_model
+    from tuner.train import Graphs
+
+    model = load_model(name)
+    knobs = {k: v.default for k, v in model.knobs.items()} | knobs
+    first = TrainConfig(3e-3, clip_norm=0.5, l2_weight=1e-3, lr_decay=0.5, knobs=knobs)
+    second = TrainConfig(1e-3, knobs=knobs)  # no clipping, no L2, no decay: the "off" values fed
+    graphs = Graphs()
+    _trained(model, RunSpec(0, 11, name, first, steps, 20), graphs)
+    reused = _trained(model, RunSpec(1, 12345, name, second, steps, 20), graphs)
+    fresh = _trained(model, RunSpec(1, 12345, name, second, steps, 20))
+    assert (reused[-1].info["graph"], fresh[-1].info["graph"]) == ("reused", "built")
+    assert [(r.step, r.status, r.loss, r.grad_norm) for r in reused] == [
+        (r.step, r.status, r.loss, r.grad_norm) for r in fresh
+    ]
+    assert (reused[-1].init_val_loss, reused[-1].val_loss) == (fresh[-1].init_val_loss, fresh[-1].val_loss)
+    other_seed = _trained(model, RunSpec(1, 7, name, second, steps, 20), graphs)
+    assert other_seed[-1].init_val_loss != reused[-1].init_val_loss  # the reseed changed the init
+
+
+def test_reused_graph_clips_and_decays_as_a_fresh_build() -> None:
+    """Tuner's knobs switched on after a run without them: the same divergence step and losses."""
+    from tuner.models import load_model
+    from tuner.train import Graphs
+
+    model = load_model("iterated_mlp")
+    knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 4}
+    graphs = Graphs()
+    _trained(model, RunSpec(0, 1, "iterated_mlp", TrainConfig(1e-3, knobs=knobs), 5, 5), graphs)
+    hot = TrainConfig(0.5, clip_norm=2.0, l2_weight=1e-2, lr_decay=0.1, knobs=knobs)
+    reused = _trained(model, RunSpec(1, 99, "iterated_mlp", hot, 80, 10), graphs)
+    fresh = _trained(model, RunSpec(1, 99, "iterated_mlp", hot, 80, 10))
+    assert reused[-1].info["graph"] == "reused"
+    assert [(r.step, r.status, r.loss, r.diverged_on) for r in reused] == [
+        (r.step, r.status, r.loss, r.diverged_on) for r in fresh
+    ]
+    assert reused[-1].metrics["clip_fraction"] == fresh[-1].metrics["clip_fraction"] > 0
+
+
+def test_graphs_keep_the_latest_configs_and_rebuild_a_graph_with_its_own_seeds() -> None:
+    import tensorflow as tf
+
+    from tuner.train import Graphs
+
+    class OpSeed(Planted):
+        """Draws a random op with an op seed: ``(graph seed, 3)``, which a reseed follows."""
+
+        def build(self, knobs: dict) -> object:
+            graph = super().build(knobs)
+            tf.random.uniform([1], seed=3)
+            return graph
+
+    class RawSeed(Planted):
+        """Draws a random op with raw seeds: its seed attribute cannot follow the graph seed."""
+
+        def build(self, knobs: dict) -> object:
+            graph = super().build(knobs)
+            tf.raw_ops.RandomUniform(shape=[1], dtype=tf.float32, seed=5, seed2=7)
+            return graph
+
+    graphs = Graphs(size=2)
+    model = Planted()
+    base = {k: v.default for k, v in model.knobs.items()}
+    configs = [TrainConfig(1e-2, knobs=base | {"width": w}) for w in (1, 2, 3)]
+    assert [graphs.get(model, c, 0)[1] for c in configs] == [False, False, False]
+    assert [graphs.get(model, c, 1)[1] for c in configs[1:]] == [True, True]
+    assert graphs.get(model, configs[0], 1)[1] is False  # the oldest was dropped
+    assert [Graphs(size=0).get(model, configs[0], s)[1] for s in (0, 1)] == [False, False]  # reuse off
+    op_seed = OpSeed()
+    graphs.get(op_seed, configs[0], 0)
+    built, reused = graphs.get(op_seed, configs[0], 42)
+    assert reused and [(op.get_attr("seed"), op.get_attr("seed2")) for op, _ in built.random_ops] == [(42, 3)]
+    raw = RawSeed()
+    assert graphs.get(raw, configs[0], 0)[0].reusable is False
+    assert graphs.get(raw, configs[0], 1)[1] is False

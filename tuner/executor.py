@@ -27,7 +27,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError, W
 
 from tuner.errors import ClusterError  # noqa: E402
 from tuner.records import RunRecord, RunSpec, RunStatus  # noqa: E402
-from tuner.worker import TrialWorker  # noqa: E402
+from tuner.worker import GRAPHS_KEPT, TrialWorker  # noqa: E402
 
 log = logging.getLogger(__name__)
 _DEATH = (RayActorError, WorkerCrashedError)
@@ -46,6 +46,8 @@ class ClusterConfig:
         num_cpus: CPUs of an embedded cluster (None: the machine's).
         num_gpus: GPUs of an embedded cluster (None: the machine's).
         runtime_env: Ray runtime env of the job (to ship a user's model code).
+        graph_reuse: workers keep the graphs of their last model configs and reseed them for a
+            run of the same config (tuner.train.Graphs); False builds a fresh graph for every run.
     """
 
     address: str | None = None
@@ -56,6 +58,7 @@ class ClusterConfig:
     num_cpus: int | None = None
     num_gpus: int | None = None
     runtime_env: dict[str, Any] = field(default_factory=dict)
+    graph_reuse: bool = True
 
 
 class RayExecutor:
@@ -71,6 +74,7 @@ class RayExecutor:
         )
         self._starting: dict[Any, Any] = {}  # ready() ref -> actor still importing TF
         self._idle: list[Any] = []
+        self._graphs: dict[Any, deque[tuple[str, str]]] = {}  # actor -> graph keys it keeps, oldest first
         self._queue: deque[RunSpec] = deque()
         self._running: dict[Any, tuple[RunSpec, Any]] = {}  # generator -> (spec, actor)
         self._last: dict[Any, RunRecord] = {}  # generator -> its latest progress record
@@ -126,14 +130,32 @@ class RayExecutor:
             ray.shutdown()
 
     def _start_actor(self) -> None:
-        actor = self._actor_class.remote()
+        actor = self._actor_class.remote(self.config.graph_reuse)
         self._starting[actor.ready.remote()] = actor
 
     def _dispatch(self) -> None:
+        """Start queued runs on idle workers, a run preferably where its model config's graph is kept."""
         while self._idle and self._queue:
-            actor, spec = self._idle.pop(), self._queue.popleft()
+            actor, spec = self._match()
+            self._queue.remove(spec)
+            self._idle.remove(actor)
+            kept = self._graphs.setdefault(actor, deque(maxlen=GRAPHS_KEPT))
+            key = graph_key(spec)
+            if key in kept:
+                kept.remove(key)
+            kept.append(key)
             gen = actor.run.options(num_returns="streaming").remote(spec)
             self._running[gen] = (spec, actor)
+
+    def _match(self) -> tuple[Any, RunSpec]:
+        """An idle worker and a queued run whose graph it keeps; else the last idle one and the oldest run."""
+        if self.config.graph_reuse:
+            for spec in self._queue:
+                key = graph_key(spec)
+                for actor in self._idle:
+                    if key in self._graphs.get(actor, ()):
+                        return actor, spec
+        return self._idle[-1], self._queue[0]
 
     def _take(self, item: Any) -> None:
         if item in self._starting:
@@ -182,6 +204,7 @@ class RayExecutor:
         spec, actor = self._running.pop(gen)
         last = self._last.pop(gen, None)
         ray.kill(actor)
+        self._graphs.pop(actor, None)
         self._start_actor()
         if spec.attempt < self.config.max_retries:
             log.warning("trial %d seed %d: %s; retrying", spec.trial, spec.seed, reason)
@@ -189,6 +212,11 @@ class RayExecutor:
         else:
             detail = f"{reason} ({spec.attempt + 1} attempts, max_retries={self.config.max_retries})"
             self._out.append(_ended(spec, RunStatus.FAILED, detail, last))
+
+
+def graph_key(spec: RunSpec) -> tuple[str, str]:
+    """What a worker's graph depends on: the model and its knob values (tuner's knobs are fed)."""
+    return spec.model, repr(sorted(spec.config.knobs.items()))
 
 
 def _ended(spec: RunSpec, status: RunStatus, reason: str, last: RunRecord | None = None) -> RunRecord:

@@ -89,13 +89,11 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
     with built.graph.as_default():
         load, feeds = _loader(built.state)
         checked = _checked_tensors(built.graph, built.train_fetches)
-    inputs = list(built.model.inputs)
-
     def feed(k: int) -> dict[Any, np.ndarray]:
-        return dict(zip(inputs, data.batch(k, spec.seed), strict=True))
+        return built.feed(spec.config, data.batch(k, spec.seed))
 
     with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as sess:
-        sess.run(tf1.global_variables_initializer())
+        sess.run(built.init)
         sess.run(load, {feeds[name]: value for name, value in snapshot.values().items()})
         for k in range(snapshot.step + 1, step):
             weights_ok, loss, gnorm = sess.run(built.train_fetches, feed(k))

@@ -1,4 +1,4 @@
-"""The training loop of one seed run: TF1 graph mode, a fresh graph per run.
+"""The training loop of one seed run: TF1 graph mode, one graph per model config, reused across runs.
 
 Only workers import this module (it imports TensorFlow). Every step runs the train op and fetches
 the loss, the unclipped global gradient norm and a finiteness flag of the updated weights in the
@@ -7,6 +7,13 @@ A report step (every ``report_every``) fetches more in that same run: the gradie
 weight, the largest |value| of each watched tensor and a snapshot of every variable after the
 update, so a divergence can be replayed from there (``tuner.forensics``). Everything else the
 telemetry reports is Python on the numbers already fetched (``tuner.telemetry``).
+
+Graph reuse: tuner's own knobs (learning rate, decay, clip norm, L2 weight) are fed at run time
+(:class:`Hyper`), so the graph depends only on the model's knobs. A worker keeps the graphs of the
+last few model configs (:class:`Graphs`) and, for a run on another seed, sets the seed attribute
+of every random op to what a fresh build with that seed would give (:func:`reseed`) and opens a new
+session: the variables start from the same values as after a fresh build, so results do not change,
+and the build (about half of a 600-step run at ``max_iter`` 10) is paid once per config and worker.
 """
 
 from __future__ import annotations
@@ -14,8 +21,9 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +38,34 @@ tf1 = tf.compat.v1
 DECAY_STEPS = 1000  # lr_decay is the learning-rate factor per this many steps
 NO_GATE = tf1.train.Optimizer.GATE_NONE  # gating adds ~300 group ops per graph and ~0.5 s of build
 UPDATED_SCOPE = "updated"  # reads of the weights after the update (tuner.forensics knows the name)
+MAXINT32 = 2**31 - 1  # TensorFlow truncates graph and op seeds modulo this (random_seed._truncate_seed)
+
+
+class Hyper:
+    """Placeholders of tuner's own knobs, fed on every run: the graph does not depend on them.
+
+    Each is used so that its "off" value gives exactly the arithmetic of a graph without it: L2
+    weight 0 adds ``0 * sum`` (+0.0), clipping off scales the gradients by 1.0, decay 1.0 gives
+    ``lr * 1.0``.
+    """
+
+    def __init__(self) -> None:
+        with tf.name_scope("hyper"):
+            self.learning_rate = tf1.placeholder(tf.float32, [], name="learning_rate")
+            self.lr_decay = tf1.placeholder(tf.float32, [], name="lr_decay")
+            self.clip_norm = tf1.placeholder(tf.float32, [], name="clip_norm")
+            self.clip_on = tf1.placeholder(tf.bool, [], name="clip_on")
+            self.l2_weight = tf1.placeholder(tf.float32, [], name="l2_weight")
+
+    def feed(self, config: TrainConfig) -> dict[Any, Any]:
+        """The values of ``config`` for these placeholders."""
+        return {
+            self.learning_rate: config.learning_rate,
+            self.lr_decay: config.lr_decay,
+            self.clip_norm: config.clip_norm if config.clip_norm is not None else 1.0,
+            self.clip_on: config.clip_norm is not None,
+            self.l2_weight: config.l2_weight,
+        }
 
 
 @dataclass
@@ -44,6 +80,19 @@ class Built:
     report_values: Any  # float32 vector fetched with the train op on report steps
     state: list[Any]  # every global variable (weights, Adam slots, global step): the snapshot
     state_reader: StateReader
+    hyper: Hyper
+    init: Any  # the initializer of every global variable
+    seed: int  # the graph-level seed its random ops now carry (see reseed)
+    random_ops: list[tuple[Any, int]] = field(default_factory=list)  # (op, its op seed): every random op
+    reusable: bool = True  # its random ops' seeds follow TensorFlow's rule, so reseed gives a fresh build's
+
+    def feed(self, config: TrainConfig, arrays: Sequence[np.ndarray]) -> dict[Any, Any]:
+        """A feed dict: the model's placeholders from ``arrays``, tuner's knobs from ``config``."""
+        return {**self.hyper.feed(config), **dict(zip(self.model.inputs, arrays, strict=True))}
+
+
+def _never() -> bool:
+    return False
 
 
 class BuildStopped(BaseException):
@@ -71,6 +120,10 @@ class StoppableGraph(tf.Graph):
         self._should_stop = should_stop
         self._made = 0
 
+    def stop_checks(self) -> None:
+        """Stop asking ``should_stop`` (the build is over; the graph may serve later runs)."""
+        self._should_stop = _never
+
     def _create_op_internal(self, *args: Any, **kwargs: Any) -> Any:
         self._made += 1
         if self._made % self.CHECK_EVERY == 0 and self._should_stop():
@@ -89,17 +142,17 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
         tf1.set_random_seed(seed)
         mg = model.build(config.knobs)
         _check_scalar(mg.loss, "loss")
+        hyper = Hyper()
         variables = tf1.trainable_variables()
-        total = mg.loss + _l2_term(variables, config.l2_weight)
+        total = mg.loss + _l2_term(variables, hyper.l2_weight)
         step = tf1.train.get_or_create_global_step()
-        optimizer = tf1.train.AdamOptimizer(_learning_rate(config, step))
+        optimizer = tf1.train.AdamOptimizer(_learning_rate(hyper, step))
         grads_and_vars = optimizer.compute_gradients(total, variables, gate_gradients=NO_GATE)
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         grads = [g for g, _ in pairs]
         grad_norm = tf.linalg.global_norm(grads)
         report_names, report_values = _report_tensors(pairs, mg.watch)
-        if config.clip_norm is not None:
-            grads, _ = tf.clip_by_global_norm(grads, config.clip_norm, use_norm=grad_norm)
+        grads = _clip(grads, grad_norm, hyper)
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train_op = optimizer.apply_gradients(zip(grads, [v for _, v in pairs], strict=True), step)
         with tf.control_dependencies([train_op]), tf.name_scope(UPDATED_SCOPE):
@@ -109,8 +162,97 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
         state = tf1.global_variables()
         with tf.control_dependencies([train_op]):
             reader = StateReader(state)  # read after the update, when fetched with the train op
+        init = tf1.global_variables_initializer()
+    if isinstance(graph, StoppableGraph):
+        graph.stop_checks()  # the run's cancel flag is not asked again by ops made later in this graph
     fetches = (weights_ok, mg.loss, grad_norm)
-    return Built(graph, mg, fetches, val_loss, report_names, report_values, state, reader)
+    random_ops, reusable = _random_ops(graph, seed)
+    return Built(graph, mg, fetches, val_loss, report_names, report_values, state, reader, hyper, init, seed,
+                 random_ops, reusable)
+
+
+def _random_ops(graph: Any, seed: int) -> tuple[list[tuple[Any, int]], bool]:
+    """The ops with ``seed`` and ``seed2`` attributes with their op seeds, and whether :func:`reseed` may reseed them.
+
+    With a graph seed ``g`` set, TensorFlow gives a random op the attributes ``(g, k)``
+    (``random_seed.get_seed``): ``k`` is the op's own seed, or else a per-graph counter, so it
+    does not depend on ``g``; ``(0, 0)`` alone becomes ``(0, 2**31-1)``. An op whose ``seed`` is not
+    ``g`` (made with raw seeds), or one that takes its seeds as inputs (``tf.data``'s shuffle),
+    makes a graph that is always built afresh.
+    """
+    has_seed: dict[str, tuple[bool, bool]] = {}  # op type -> (seed attributes, seed inputs)
+    found: list[tuple[Any, int]] = []
+    graph_seed = seed % MAXINT32
+    reusable = True
+    for op in graph.get_operations():
+        if op.type not in has_seed:
+            attrs = {a.name for a in op.op_def.attr}
+            inputs = {a.name for a in op.op_def.input_arg}
+            has_seed[op.type] = ({"seed", "seed2"} <= attrs, "seed2" in inputs)
+        attr, seed_input = has_seed[op.type]
+        reusable = reusable and not seed_input
+        if attr:
+            op_seed = op.get_attr("seed2")
+            if graph_seed == 0 and op_seed == MAXINT32:
+                op_seed = 0
+            reusable = reusable and op.get_attr("seed") == graph_seed
+            found.append((op, op_seed))
+    return found, reusable
+
+
+def reseed(built: Built, seed: int) -> None:
+    """Give every random op of ``built`` the seeds a fresh build with graph seed ``seed`` would give.
+
+    Takes effect in sessions opened afterwards (a session reads the graph when it first runs).
+    """
+    from tensorflow.core.framework import attr_value_pb2
+
+    if not built.reusable:
+        raise ValueError("this graph's random ops do not follow the graph seed; build it afresh")
+    graph_seed = seed % MAXINT32
+    first = attr_value_pb2.AttrValue(i=graph_seed)
+    for op, op_seed in built.random_ops:
+        op._set_attr("seed", first)
+        second = MAXINT32 if (graph_seed, op_seed) == (0, 0) else op_seed
+        op._set_attr("seed2", attr_value_pb2.AttrValue(i=second))
+    built.seed = seed
+
+
+class Graphs:
+    """The built graphs of the last ``size`` model configs of one worker, reseeded for each run.
+
+    A graph is keyed by its model (the object) and the model's knob values; tuner's own knobs are
+    fed (:class:`Hyper`). Graphs whose random ops cannot be reseeded exactly are not kept.
+    """
+
+    def __init__(self, size: int = 3) -> None:
+        self.size = size
+        self._kept: OrderedDict[tuple[int, str], tuple[Model, Built]] = OrderedDict()
+
+    def get(self, model: Model, config: TrainConfig, seed: int,
+            should_stop: Callable[[], bool] | None = None) -> tuple[Built, bool]:
+        """A graph of ``model`` at ``config.knobs`` seeded with ``seed``, and whether it was reused.
+
+        Raises:
+            BuildStopped: ``should_stop()`` turned true during a build.
+        """
+        key = (id(model), repr(sorted(config.knobs.items())))
+        kept = self._kept.get(key)
+        if kept is not None and kept[0] is model:
+            self._kept.move_to_end(key)
+            built = kept[1]
+            reseed(built, seed)
+            return built, True
+        built = build(model, config, seed, should_stop)
+        if built.reusable and self.size > 0:
+            self._kept[key] = (model, built)
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return built, False
+
+    def clear(self) -> None:
+        """Forget every kept graph."""
+        self._kept.clear()
 
 
 def _report_tensors(pairs: list[tuple[Any, Any]], watch: Mapping[str, Any]) -> tuple[tuple[str, ...], Any]:
@@ -175,17 +317,33 @@ def _check_scalar(tensor: Any, what: str) -> None:
         raise ValueError(f"the model's {what} must be a scalar tensor, got shape {shape}")
 
 
-def _l2_term(variables: list[Any], weight: float) -> Any:
+def _l2_term(variables: list[Any], weight: Any) -> Any:
     kernels = [v for v in variables if v.shape.rank is not None and v.shape.rank >= 2]
-    if weight <= 0 or not kernels:
+    if not kernels:
         return tf.constant(0.0)
-    return weight * tf.add_n([tf.nn.l2_loss(k) for k in kernels])
+    with tf.name_scope("l2"):
+        return weight * tf.add_n([tf.nn.l2_loss(k) for k in kernels])
 
 
-def _learning_rate(config: TrainConfig, step: Any) -> Any:
-    if config.lr_decay == 1.0:
-        return config.learning_rate
-    return tf1.train.exponential_decay(config.learning_rate, step, DECAY_STEPS, config.lr_decay)
+def _learning_rate(hyper: Hyper, step: Any) -> Any:
+    """``lr * decay ** (step / DECAY_STEPS)``, as ``exponential_decay`` (decay 1.0: exactly ``lr``)."""
+    with tf.name_scope("learning_rate"):
+        progress = tf.cast(step, tf.float32) / DECAY_STEPS
+        return hyper.learning_rate * tf.pow(hyper.lr_decay, progress)
+
+
+def _clip(grads: list[Any], norm: Any, hyper: Hyper) -> list[Any]:
+    """Global-norm clipping when ``hyper.clip_on``, as ``tf.clip_by_global_norm`` does; else a scale of 1.0."""
+    with tf.name_scope("clip_by_global_norm"):  # tuner.forensics counts it as backward
+        clipped = hyper.clip_norm * tf.minimum(1.0 / norm, 1.0 / hyper.clip_norm)
+        scale = tf.where(hyper.clip_on, clipped + (norm - norm), tf.constant(1.0))  # NaN norm: NaN, as TF
+        out = []
+        for g in grads:
+            if isinstance(g, tf.IndexedSlices):
+                out.append(tf.IndexedSlices(g.values * tf.cast(scale, g.dtype), g.indices, g.dense_shape))
+            else:
+                out.append(g * tf.cast(scale, g.dtype))
+        return out
 
 
 def session_config(threads: int, gpu: bool) -> Any:
@@ -209,6 +367,7 @@ def train_run(
     should_stop: Callable[[], bool] = lambda: False,
     info: Mapping[str, Any] | None = None,
     sample_ids: Sequence[int] | None = None,
+    graphs: Graphs | None = None,
 ) -> Iterator[RunRecord]:
     """Train one seed run; yield a progress record every ``spec.report_every`` steps, then a final one.
 
@@ -217,16 +376,23 @@ def train_run(
     ``forensics``). Stops early (final status CANCELLED) when ``should_stop()`` turns true; it is
     checked while the graph is built (:class:`StoppableGraph`), once it is built and at each
     report. ``sample_ids`` maps a training sample of ``data`` to its index in the model's data
-    (when the preflight left samples out).
+    (when the preflight left samples out). With ``graphs``, a graph kept there for the same model
+    config is reseeded and reused instead of built (``info["graph"]`` says which).
     """
     info = dict(info or {})
+    started = time.perf_counter()
     try:
-        built = build(model, spec.config, spec.seed, should_stop)
+        if graphs is None:
+            built, reused = build(model, spec.config, spec.seed, should_stop), False
+        else:
+            built, reused = graphs.get(model, spec.config, spec.seed, should_stop)
     except BuildStopped:
         yield _final(spec, Telemetry(spec.config.clip_norm), 0, RunStatus.CANCELLED, None, None, info)
         return
+    info["graph"] = "reused" if reused else "built"
+    info["graph_seconds"] = time.perf_counter() - started
     with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as sess:
-        sess.run(tf1.global_variables_initializer())
+        sess.run(built.init)
         stepper = Stepper(sess, built, data, spec)
         telemetry = stepper.telemetry
         if should_stop():  # cancelled between the build's last check and here
@@ -288,15 +454,16 @@ class Stepper:
 
     def __init__(self, sess: Any, built: Built, data: Dataset, spec: RunSpec) -> None:
         self.sess, self.built, self.data, self.spec = sess, built, data, spec
+        self._hyper = built.hyper.feed(spec.config)
         self.telemetry = Telemetry(spec.config.clip_norm)
         names = [v.name for v in built.state]
         initial = tuple(np.array(x, copy=True) for x in sess.run(built.state))
         self.snapshot = Snapshot(0, initial, lambda raw: dict(zip(names, raw, strict=True)))
         self.metrics: dict[str, float] = {}
 
-    def feed_arrays(self, arrays: Sequence[np.ndarray]) -> dict[Any, np.ndarray]:
-        """A feed dict of the model's placeholders."""
-        return dict(zip(self.built.model.inputs, arrays, strict=True))
+    def feed_arrays(self, arrays: Sequence[np.ndarray]) -> dict[Any, Any]:
+        """A feed dict of the model's placeholders and tuner's knobs."""
+        return {**self._hyper, **dict(zip(self.built.model.inputs, arrays, strict=True))}
 
     def is_report(self, step: int) -> bool:
         """Whether ``step`` is a report step."""

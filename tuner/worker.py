@@ -16,6 +16,7 @@ from typing import Any
 from tuner.records import RunRecord, RunSpec, RunStatus
 
 KERAS_EAGER_IMPORT = "keras.src.optimizers"
+GRAPHS_KEPT = 4  # model configs whose built graphs a worker keeps (tuner.train.Graphs)
 
 
 def import_tensorflow() -> None:
@@ -39,10 +40,12 @@ def import_tensorflow() -> None:
 class TrialWorker:
     """Runs seed runs one after another in a long-lived process."""
 
-    def __init__(self) -> None:
+    def __init__(self, graph_reuse: bool = True) -> None:
         import_tensorflow()
+        from tuner.train import Graphs
 
         self._models: dict[str, Any] = {}
+        self._graphs = Graphs(GRAPHS_KEPT if graph_reuse else 0)  # recent model configs' graphs, reseeded per run
         self._data: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # (model, knobs, skip) -> (data, ids)
 
     def ready(self) -> dict[str, Any]:
@@ -59,7 +62,7 @@ class TrialWorker:
         try:
             model = self._model(spec.model)
             data, sample_ids = self._dataset(spec, model)
-            yield from train_run(model, data, spec, context.is_canceled, self._where(), sample_ids)
+            yield from train_run(model, data, spec, context.is_canceled, self._where(), sample_ids, self._graphs)
         except Exception as exc:  # a bug in the model or a bad config: FAIL, not retried
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             yield RunRecord(
