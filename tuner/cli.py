@@ -2,7 +2,8 @@
 
 Thin by design: one parser function per command; parsing is tested on its own; the work is done
 in ``tuner.launch`` / ``tuner.report`` / ``tuner.checkmodel``. A :class:`TunerError` is printed
-as one clear message (no traceback) and the exit status is 2. ``launch`` and ``verify`` exit 3
+as one clear message (no traceback) and the exit status is 2 (bad input), or 4 when every trial of
+a launch failed. Passwords are masked in all output (``tuner.masking``). ``launch`` and ``verify`` exit 3
 when the config they end with is not shown stable (it diverged, did not learn, or its verified
 survival's lower bound is below ``--min-survival``).
 """
@@ -10,10 +11,12 @@ survival's lower bound is below ``--min-survival``).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tuner import masking
 from tuner.errors import TunerError
 
 LAUNCH_FLAGS = (
@@ -123,8 +126,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: parse, run, turn a TunerError into a message and exit status 2."""
+    """Entry point: parse, run, turn a TunerError into one line and its exit status (2: bad input).
+
+    Every password of a storage or tracking URL is masked in whatever is printed (tuner.masking).
+    """
+    masking.install()
+    masking.register(os.environ.get("MLFLOW_TRACKING_URI"))
     args = parser().parse_args(argv)
+    masking.register(getattr(args, "storage", None), getattr(args, "tracking_uri", None))
     try:
         if args.command == "launch":
             return _launch(args)
@@ -141,8 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_check(args)
     except TunerError as exc:
-        print(f"tuner: error: {exc}", file=sys.stderr)
-        return 2
+        print(f"tuner: error: {masking.mask(str(exc))}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("tuner: interrupted; run the same command again to continue the study", file=sys.stderr)
         return 130
@@ -159,5 +168,7 @@ def _launch(args: argparse.Namespace) -> int:
     from tuner.export import is_success
     from tuner.launch import launch
 
-    doc = launch(load_launch(launch_flags(args), args.config))
+    config = load_launch(launch_flags(args), args.config)
+    masking.register(config.storage, config.tracking_uri)
+    doc = launch(config)
     return 0 if is_success(doc) else 3

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 
 class TunerError(Exception):
-    """Base of every error tuner reports to the user as a one-paragraph message."""
+    """Base of every error tuner reports to the user as a one-line message."""
+
+    exit_code = 2  # the CLI's exit status: 2 is bad input
+
+
+class NoTrialFinished(TunerError):
+    """Every trial of the study failed: nothing to export (the study and its runs are kept)."""
+
+    exit_code = 4
 
 
 class ConfigError(TunerError, ValueError):

@@ -13,6 +13,7 @@ exported again without training.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import yaml
 
 from tuner import studyrecord
 from tuner.config import redact
-from tuner.errors import TunerError
+from tuner.errors import NoTrialFinished
 from tuner.spaces import TUNER_KNOBS
 
 _ORDER = ("learning_rate", "clip_norm", "l2_weight", "max_iter")
@@ -54,14 +55,11 @@ def best_config(study: optuna.Study, storage: str, steps: int, model: str | None
     """The content of best_config.yaml for ``study`` (see the module docs).
 
     Raises:
-        TunerError: the study has no finished trial (every trial failed).
+        NoTrialFinished: the study has no finished trial (every trial failed).
     """
     found = best_trial(study)
     if found is None:
-        raise TunerError(
-            f"study {study.study_name!r} has no trial that survived or diverged (every trial failed): "
-            "nothing to export; the failed trials' reasons are in the table above"
-        )
+        raise NoTrialFinished(all_failed_message(study))
     trial, rule = found
     attrs = trial.user_attrs
     diverged = trial.state != optuna.trial.TrialState.COMPLETE
@@ -98,6 +96,23 @@ def best_config(study: optuna.Study, storage: str, steps: int, model: str | None
     if note:
         doc["note"] = note
     return doc
+
+
+def all_failed_message(study: optuna.Study, top: int = 3) -> str:
+    """One line for a study whose every trial failed: how many, and the most common reasons."""
+    failed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+    reasons = Counter(_reason(t) for t in failed)
+    common = "; ".join(f"{count} x {reason}" for reason, count in reasons.most_common(top))
+    return (f"all {len(failed)} trial(s) of study {study.study_name!r} failed, nothing to export; most common "
+            f"reasons: {common or 'none recorded'}. The study and its MLflow runs are kept: fix the cause, then "
+            "launch again with a new --study")
+
+
+def _reason(trial: optuna.trial.FrozenTrial) -> str:
+    reason = trial.user_attrs.get("reason")
+    if not reason:
+        return "interrupted (its launch stopped)" if trial.user_attrs.get("status") is None else "unknown"
+    return " ".join(str(reason).split())[:160]
 
 
 def is_success(doc: dict[str, Any]) -> bool:

@@ -23,6 +23,7 @@ from tuner.config import LaunchConfig, prepare_environment, redact
 from tuner.errors import ConfigError
 from tuner.models import Model, load_model, runtime_env
 from tuner.spaces import SearchSpace, default_space, load_space
+from tuner.targets import check_targets
 
 log = logging.getLogger(__name__)
 console = Console()
@@ -39,6 +40,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     from tuner.verify import Runner, verify_study
 
     prepare_environment()
+    check_targets(config)  # storage, tracking URI, --out, --space: before anything is created
     model = load_model(config.model)
     space = resolve_space(config, model)
     skip, skipped = run_preflight(config, model, space)  # before anything is started or created

@@ -415,8 +415,11 @@ def outcome_metrics(outcome: TrialOutcome) -> dict[str, float]:
 
 
 def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's text, passwords masked (MLflow's quote the URL)."""
+    from tuner.masking import mask
+
     text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+    return mask(text[0][:300] if text else type(exc).__name__)
 
 
 def _redact(uri: str) -> str:
