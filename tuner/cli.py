@@ -24,7 +24,7 @@ LAUNCH_FLAGS = (
     "tracking_uri", "no_tracking", "address", "cpus_per_trial", "gpus_per_trial",
     "max_concurrent", "max_retries", "num_cpus", "num_gpus", "sampler", "seed", "out",
     "allow_bad_data", "live", "race_seeds", "verify_seeds", "verify_steps", "min_survival",
-    "verify_candidates", "margin", "pruner",
+    "verify_candidates", "margin", "pruner", "graph_reuse",
 )
 
 
@@ -73,6 +73,10 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--margin", action=argparse.BooleanOptionalAction, default=None,
                    help="measure the winner's learning-rate margin (x1.5, 2, 3, 5) on the verification seeds "
                         "(default: on)")
+    p.add_argument("--graph-reuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="a worker reuses the graph it built for a model config, reseeded, for the next run of "
+                        "that config; --no-graph-reuse builds every run's graph afresh, for a model whose "
+                        "build is not deterministic (default: on)")
 
 
 def add_report(sub: Any) -> None:

@@ -61,6 +61,7 @@ class LaunchConfig(BaseModel):
     verify_candidates: int = Field(3, ge=1)
     margin: bool = True
     pruner: Literal["none", "median"] = "none"
+    graph_reuse: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> LaunchConfig:

@@ -165,7 +165,7 @@ def cluster_config(config: LaunchConfig) -> Any:
         address=config.address, cpus_per_trial=config.cpus_per_trial,
         gpus_per_trial=config.gpus_per_trial, max_concurrent=config.max_concurrent,
         max_retries=config.max_retries, num_cpus=config.num_cpus, num_gpus=config.num_gpus,
-        runtime_env=runtime_env(config.model),
+        runtime_env=runtime_env(config.model), graph_reuse=config.graph_reuse,
     )
 
 
