@@ -2,15 +2,15 @@
 
 When a seed run diverges at step ``s``, :func:`investigate` first looks at the batch of step
 ``s``: a non-finite input or label attributes the divergence to the data, with the samples'
-indices. Otherwise it replays step ``s``: a fresh graph built from the same config and seed
-(``tuner.train.build``), every variable loaded from the snapshot of the last report step ``r``
-(or of the initial values), steps ``r+1 .. s-1`` run as in training, then step ``s`` run with a
+indices. Otherwise it replays step ``s`` in the run's own graph and session (the ops that load a
+snapshot are added to the graph once): every variable loaded from the snapshot of the last report
+step ``r`` (or of the initial values), steps ``r+1 .. s-1`` run as in training, then step ``s`` run with a
 numeric check on the output of every op the train step runs (each output fetched and checked for
 NaN/Inf). The first op in graph order (a topological order) whose output is non-finite while its
 inputs are finite is where the divergence started. ``tf.compat.v1.add_check_numerics_ops`` is not
 used: it stops at whichever failing check the executor happens to run first, which need not be
 the first op in dataflow order. Normal training runs no numeric checks at all; the replay costs
-one graph build and at most ``report_every`` steps, once per diverged run.
+at most ``report_every`` steps, once per diverged run (and a graph build when no session is given).
 
 Names come from name scopes: ``iter_3/recompute_input/Log`` is a ``Log`` in layer
 ``recompute_input`` of loop iteration 3, in the forward pass. ``gradients/...`` is the backward
@@ -23,6 +23,7 @@ weight (kind ``update``).
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -32,7 +33,7 @@ import tensorflow as tf
 
 from tuner.models.base import Dataset, Model
 from tuner.records import Forensics, NonFiniteKind, RunSpec
-from tuner.train import UPDATED_SCOPE, Snapshot, Stepper, build, session_config
+from tuner.train import UPDATED_SCOPE, Built, Snapshot, Stepper, build, session_config
 
 tf1 = tf.compat.v1
 
@@ -47,7 +48,7 @@ def investigate(model: Model, stepper: Stepper, step: int, sample_ids: Sequence[
     found = data_fault(stepper.data, stepper.spec, step, names, sample_ids)
     if found is None:
         try:
-            found = replay(model, stepper.data, stepper.spec, stepper.snapshot, step)
+            found = replay(model, stepper.data, stepper.spec, stepper.snapshot, step, stepper.built, stepper.sess)
         except Exception as exc:  # forensics must never turn a divergence into a failure
             found = Forensics(step, note=f"the replay failed: {type(exc).__name__}: {exc}")
     telemetry = stepper.telemetry
@@ -83,24 +84,29 @@ def finite_rows(array: np.ndarray) -> np.ndarray:
     return np.isfinite(array.reshape(len(array), -1)).all(axis=1)
 
 
-def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step: int) -> Forensics:
-    """Replay ``step`` from ``snapshot`` with every op's output checked (see the module docs)."""
-    built = build(model, spec.config, spec.seed)
-    with built.graph.as_default():
-        load, feeds = _loader(built.state)
-        checked = _checked_tensors(built.graph, built.train_fetches)
+def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step: int,
+           built: Built | None = None, sess: Any = None) -> Forensics:
+    """Replay ``step`` from ``snapshot`` with every op's output checked (see the module docs).
+
+    In ``built`` and ``sess`` (the run's), or else in a fresh build of ``spec``.
+    """
+    if built is None or sess is None:
+        built = build(model, spec.config, spec.seed)
+        with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as fresh:
+            fresh.run(built.init)
+            return replay(model, data, spec, snapshot, step, built, fresh)
+    load, feeds, checked = _tools(built)
+
     def feed(k: int) -> dict[Any, np.ndarray]:
         return built.feed(spec.config, data.batch(k, spec.seed))
 
-    with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as sess:
-        sess.run(built.init)
-        sess.run(load, {feeds[name]: value for name, value in snapshot.values().items()})
-        for k in range(snapshot.step + 1, step):
-            weights_ok, loss, gnorm = sess.run(built.train_fetches, feed(k))
-            if not (weights_ok and np.isfinite(loss) and np.isfinite(gnorm)):
-                note = f"the replay from step {snapshot.step} diverged earlier, at step {k}; not analysed"
-                return Forensics(step, replayed_from=snapshot.step, note=note)
-        values, _ = sess.run((checked, built.train_fetches), feed(step))
+    sess.run(load, {feeds[name]: value for name, value in snapshot.values().items()})
+    for k in range(snapshot.step + 1, step):
+        weights_ok, loss, gnorm = sess.run(built.train_fetches, feed(k))
+        if not (weights_ok and np.isfinite(loss) and np.isfinite(gnorm)):
+            note = f"the replay from step {snapshot.step} diverged earlier, at step {k}; not analysed"
+            return Forensics(step, replayed_from=snapshot.step, note=note)
+    values, _ = sess.run((checked, built.train_fetches), feed(step))
     bad = {t.name for t, v in zip(checked, values, strict=True) if not np.all(np.isfinite(v))}
     ops = [op for op in built.graph.get_operations() if any(t.name in bad for t in op.outputs)]
     if not ops:
@@ -145,6 +151,19 @@ def locate(name: str) -> tuple[str | None, int | None, str | None]:
     iteration = next((int(m.group(1)) for s in scopes if (m := _ITER.fullmatch(s))), None)
     rest = [s for s in scopes if not _ITER.fullmatch(s)]
     return (rest[0] if rest else None), iteration, forward_op
+
+
+_TOOLS: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, Any], list[Any]]] = weakref.WeakKeyDictionary()
+
+
+def _tools(built: Built) -> tuple[Any, dict[str, Any], list[Any]]:
+    """The snapshot loader and the checked tensors of ``built``, made once per graph (a kept graph
+    serves many runs)."""
+    if built.graph not in _TOOLS:
+        with built.graph.as_default():
+            load, feeds = _loader(built.state)
+            _TOOLS[built.graph] = (load, feeds, _checked_tensors(built.graph, built.train_fetches))
+    return _TOOLS[built.graph]
 
 
 def _loader(variables: Sequence[Any]) -> tuple[Any, dict[str, Any]]:

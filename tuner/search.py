@@ -295,10 +295,15 @@ class Search:
 
 @dataclass
 class Compute:
-    """Seed runs and training steps per phase: what a launch cost."""
+    """Seed runs, training steps and worker seconds per phase: what a launch cost.
+
+    Seconds are a run's time in its worker, build or reuse of its graph to its final record
+    (``info["run_seconds"]``); a run cancelled before its worker sent a final record counts none.
+    """
 
     runs: dict[str, int] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
 
     def add(self, record: RunRecord) -> None:
         """Count a final record: the steps its run trained (a diverged step counts)."""
@@ -306,16 +311,19 @@ class Compute:
         trained = record.steps_survived + (record.status is RunStatus.DIVERGED)
         self.runs[phase] = self.runs.get(phase, 0) + 1
         self.steps[phase] = self.steps.get(phase, 0) + trained
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + float(record.info.get("run_seconds", 0.0))
 
     def merge(self, other: Compute) -> None:
         """Add ``other``'s counts to these."""
         for phase, runs in other.runs.items():
             self.runs[phase] = self.runs.get(phase, 0) + runs
             self.steps[phase] = self.steps.get(phase, 0) + other.steps.get(phase, 0)
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + other.seconds.get(phase, 0.0)
 
     def by_phase(self) -> dict[str, dict[str, float]]:
-        """phase -> {runs, steps}."""
-        return {p: {"runs": float(self.runs[p]), "steps": float(self.steps.get(p, 0))} for p in self.runs}
+        """phase -> {runs, steps, seconds}."""
+        return {p: {"runs": float(self.runs[p]), "steps": float(self.steps.get(p, 0)),
+                    "seconds": round(self.seconds.get(p, 0.0), 3)} for p in self.runs}
 
 
 def standing(study: optuna.Study) -> dict[int, tuple[int, float]]:

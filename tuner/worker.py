@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -62,7 +63,11 @@ class TrialWorker:
         try:
             model = self._model(spec.model)
             data, sample_ids = self._dataset(spec, model)
-            yield from train_run(model, data, spec, context.is_canceled, self._where(), sample_ids, self._graphs)
+            started = time.perf_counter()
+            for record in train_run(model, data, spec, context.is_canceled, self._where(), sample_ids, self._graphs):
+                if record.final:
+                    record.info["run_seconds"] = time.perf_counter() - started
+                yield record
         except Exception as exc:  # a bug in the model or a bad config: FAIL, not retried
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             yield RunRecord(

@@ -38,6 +38,7 @@ walks through porting a TF1 model to it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -167,8 +168,16 @@ class Dataset:
         """Sample indices of the batch of ``step`` for ``seed``."""
         per_epoch = max(1, self.size // self.batch_size)
         epoch, pos = divmod(step - 1, per_epoch)
-        order = np.random.default_rng([seed, epoch]).permutation(self.size)
+        order = _epoch_order(seed, epoch, self.size)
         return order[pos * self.batch_size : (pos + 1) * self.batch_size]
+
+
+@functools.lru_cache(maxsize=8)
+def _epoch_order(seed: int, epoch: int, size: int) -> np.ndarray:
+    """The sample order of one epoch of ``seed`` (made once per epoch: ~0.2 ms, a tenth of a step)."""
+    order = np.random.default_rng([seed, epoch]).permutation(size)
+    order.flags.writeable = False
+    return order
 
 
 @runtime_checkable
