@@ -137,14 +137,16 @@ def search_parser(doc: str | None, trials: int, steps: int, repeats: bool = True
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--report-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0, help="the sampler's seed (the same in every repeat)")
+    p.add_argument("--space", help="a search space YAML (default: the model's shipped space)")
     p.add_argument("--json", help="write the figures here")
     return p
 
 
 def search_argv(args: argparse.Namespace) -> list[str]:
     """``args``'s search options as a command line, for a part run in its own process."""
+    space = ["--space", str(Path(args.space).resolve())] if args.space else []
     return ["--trials", str(args.trials), "--steps", str(args.steps), "--seeds", str(args.seeds),
-            "--report-every", str(args.report_every), "--seed", str(args.seed)]
+            "--report-every", str(args.report_every), "--seed", str(args.seed), *space]
 
 
 def write_json(path: str | None, doc: Mapping[str, Any]) -> None:
@@ -259,7 +261,7 @@ def search_launch(args: argparse.Namespace, prefix: str, **values: Any) -> Itera
     import_driver()
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         config = launch_config(tmp, trials=args.trials, steps=args.steps, seeds=args.seeds,
-                               report_every=args.report_every, seed=args.seed, **values)
+                               report_every=args.report_every, seed=args.seed, space=args.space, **values)
         wall = timed_launch(config)
         yield wall, load_study(config)
 
