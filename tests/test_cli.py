@@ -151,3 +151,13 @@ def test_main_verify_bad_input_is_a_clear_error(
     assert main(["verify", str(path), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_parser_grace_period_flag_and_its_bounds() -> None:
+    from tuner.config import load_launch
+    from tuner.errors import ConfigError
+
+    config = load_launch(launch_flags(parser().parse_args(["launch", "--grace-period", "5"])))
+    assert config.grace_period == 5 and LaunchConfig().grace_period == 30
+    with pytest.raises(ConfigError, match="grace_period: Input should be greater than or equal to 2"):
+        load_launch(launch_flags(parser().parse_args(["launch", "--grace-period", "1"])))

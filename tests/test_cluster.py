@@ -112,7 +112,7 @@ def test_cluster_runs_execute_on_both_nodes(cluster: RayNodes, tmp_path: Path) -
 
 
 def test_cluster_killed_driver_then_same_command_continues(cluster: RayNodes, tmp_path: Path) -> None:
-    args = launch_args(tmp_path, cluster.address, trials=4, steps=600)
+    args = [*launch_args(tmp_path, cluster.address, trials=4, steps=600), "--grace-period", "6"]
     driver = start_tuner(args, tmp_path)
     wait_until(lambda: finished(tmp_path) >= 1)
     wait_until(lambda: running(tmp_path))

@@ -6,12 +6,16 @@ elsewhere) that checks it.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 
-from tests.conftest import FIXTURES, NO_VERIFY, run_tuner
+from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, run_tuner
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
 
@@ -40,3 +44,40 @@ def test_fault_every_trial_fails_one_line_exit_4_study_and_runs_kept(tmp_path: P
     assert sorted(r.info.status for r in runs if "trial" in r.data.tags) == ["FAILED", "FAILED"]
     assert [r.info.status for r in runs if r.data.tags.get("tuner.role") == "study"] == ["FAILED"]
     assert not (tmp_path / "best.yaml").exists()
+
+
+def two_launches(tmp_path: Path, storage: str, tracking: str, study: str, trials: int = 4) -> None:
+    """Two launches of one study at once, each on its own embedded cluster of 1 CPU: both finish,
+    every trial is terminal, none FAILED (neither failed the other's), one MLflow run per trial."""
+    from mlflow.tracking import MlflowClient
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs, logs = [], []
+    for i in range(2):
+        logs.append(tmp_path / f"launch{i}.log")
+        args = ["launch", "--trials", str(trials), "--steps", "1500", "--seeds", "1", "--report-every", "100",
+                *NO_VERIFY, "--storage", storage, "--tracking-uri", tracking, "--study", study,
+                "--out", str(tmp_path / f"best{i}.yaml"), "--num-cpus", "1", "--no-live"]
+        with logs[i].open("w") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=tmp_path, env=env,
+                                          stdout=log, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + 120  # the second starts once the first has made the stores
+        while i == 0 and "trial(s) to run" not in " ".join(logs[0].read_text().split()):
+            assert procs[0].poll() is None and time.monotonic() < deadline, logs[0].read_text()[-3000:]
+            time.sleep(0.5)
+    for proc, log in zip(procs, logs, strict=True):
+        assert proc.wait(timeout=400) in FINISHED, log.read_text()[-3000:]
+    done = optuna.load_study(study_name=study, storage=storage).trials
+    assert all(t.state.is_finished() for t in done)
+    assert not [t.number for t in done if t.state == optuna.trial.TrialState.FAIL]
+    assert len({t.user_attrs["tuner.driver"] for t in done}) == 2  # both drivers ran trials
+    assert trials <= len(done) <= trials + 1  # both may ask the last one in the same second
+    client = MlflowClient(tracking)
+    runs = client.search_runs([client.get_experiment_by_name(study).experiment_id])
+    assert not [r.info.run_id for r in runs if r.info.status == "RUNNING"]
+    search = sorted(int(r.data.tags["trial"]) for r in runs if r.data.tags.get("phase") == "search")
+    assert search == sorted(t.number for t in done)
+
+
+def test_fault_two_launches_on_one_sqlite_study_both_finish_none_failed(tmp_path: Path) -> None:
+    two_launches(tmp_path, f"sqlite:///{tmp_path / 't.db'}", f"sqlite:///{tmp_path / 'm.db'}", "s1")

@@ -50,3 +50,9 @@ def test_launch_on_postgres_storage_and_tracking(postgres: str, tmp_path: Path) 
     experiment = client.get_experiment_by_name(study_name)
     runs = client.search_runs([experiment.experiment_id])
     assert len([r for r in runs if "trial" in r.data.tags]) == 2
+
+
+def test_two_launches_on_one_postgres_study_both_finish_none_failed(postgres: str, tmp_path: Path) -> None:
+    from tests.test_fault_matrix import two_launches
+
+    two_launches(tmp_path, f"{postgres}/tuner_optuna", f"{postgres}/tuner_mlflow", f"pg2-{os.getpid()}")

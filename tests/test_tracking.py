@@ -61,26 +61,37 @@ def test_tracker_retries_after_lost_answers_make_one_run_per_trial(
 def test_restart_closes_a_dead_drivers_runs_and_logs_the_trial_it_never_logged(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import time
+
     import optuna
     from mlflow.tracking import MlflowClient
 
     from tuner.launch import repair
+    from tuner.liveness import Liveness
     from tuner.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path / 't.db'}")
-    done = study.ask({"learning_rate": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    killed = Liveness(grace=2)  # the driver that is killed: its heartbeats stop, its runs stay RUNNING
+    study = optuna.create_study(study_name="s", storage=killed.storage(f"sqlite:///{tmp_path / 't.db'}"))
+    killed.attach(study)
+    lr = {"learning_rate": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
+    done = study.ask(lr)
     study.tell(done, 0.5)
-    running = study.ask({"learning_rate": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
-    unlogged = study.ask({"learning_rate": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
-    dead = Tracker(uri, "s", {"model": "planted"})  # the driver that is killed: its runs stay RUNNING
+    running, unlogged = study.ask(lr), study.ask(lr)
+    killed.claim(running)
+    killed.claim(unlogged)
+    dead = Tracker(uri, "s", {"model": "planted"}, driver=killed.driver)
     dead.on_trial_start(done.number, TrainConfig(1e-3))
     dead.on_trial_start(running.number, TrainConfig(2e-3))
     assert dead.flush()  # ... and it was killed before it logged the third trial
+    killed.stop()
+    time.sleep(2.5)  # the grace period passes without a heartbeat
 
-    again = Tracker(uri, "s", {"model": "planted"})
-    repair(study, again)
+    restart = Liveness(grace=2)
+    again = Tracker(uri, "s", {"model": "planted"}, driver=restart.driver)
+    repair(study, again, restart)
+    restart.stop()
     again.close()
 
     client = MlflowClient(uri)

@@ -25,6 +25,7 @@ LAUNCH_FLAGS = (
     "max_concurrent", "max_retries", "num_cpus", "num_gpus", "sampler", "seed", "out",
     "allow_bad_data", "live", "race_seeds", "verify_seeds", "verify_steps", "min_survival",
     "verify_candidates", "margin", "pruner", "graph_reuse",
+    "grace_period",
 )
 
 
@@ -70,6 +71,9 @@ def add_launch(sub: Any) -> None:
                    help="bar for the 95%% lower bound of the verified survival rate (default 0.8)")
     p.add_argument("--verify-candidates", type=int,
                    help="at most this many configs are verified, best first, until one meets the bar (default 3)")
+    p.add_argument("--grace-period", type=int,
+                   help="seconds without a heartbeat after which another launch's trial counts as stopped and "
+                        "is run again; launches on one study share it (default 30)")
     p.add_argument("--margin", action=argparse.BooleanOptionalAction, default=None,
                    help="measure the winner's learning-rate margin (x1.5, 2, 3, 5) on the verification seeds "
                         "(default: on)")

@@ -61,6 +61,7 @@ class LaunchConfig(BaseModel):
     verify_candidates: int = Field(3, ge=1)
     margin: bool = True
     pruner: Literal["none", "median"] = "none"
+    grace_period: int = Field(30, ge=2, le=86400)
     graph_reuse: bool = True
 
     @model_validator(mode="after")

@@ -1,10 +1,11 @@
 """``tuner launch``: validate, start the workers, run the study, write best_config.yaml.
 
 Order matters for "bad input loses nothing": the model and the search space are checked before
-anything is created; the cluster's resources are checked before any trial starts; a study left
-behind by a dead driver is repaired (its RUNNING trials marked FAIL and run again) before new
-trials are asked. After the search, the best raced configs are verified on fresh seeds
-(``tuner.verify``), and best_config.yaml names the rule that chose the exported one.
+anything is created; the cluster's resources are checked before any trial starts; trials a dead
+driver left RUNNING (no heartbeat for ``--grace-period``: ``tuner.liveness``) are marked FAIL and
+run again, before new trials are asked and while the search runs; a live driver's are left alone.
+After the search, the best raced configs are verified on fresh seeds (``tuner.verify``), and
+best_config.yaml names the rule that chose the exported one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.console import Console
 
 from tuner.config import LaunchConfig, prepare_environment, redact
 from tuner.errors import ConfigError
+from tuner.liveness import Liveness, counted
 from tuner.models import Model, load_model, runtime_env
 from tuner.spaces import SearchSpace, default_space, load_space
 from tuner.targets import check_targets
@@ -41,6 +43,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
 
     prepare_environment()
     check_targets(config)  # storage, tracking URI, --out, --space: before anything is created
+    liveness = Liveness(config.grace_period, say=_say)
     model = load_model(config.model)
     space = resolve_space(config, model)
     skip, skipped = run_preflight(config, model, space)  # before anything is started or created
@@ -49,11 +52,12 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         executor = RayExecutor(cluster_config(config))  # on error, the pool waits for the connect
     tracker, closing = None, None
     try:
-        tracker = make_tracker(config, connecting.result())
+        tracker = make_tracker(config, connecting.result(), liveness.driver)
         if tracker and skip:
             tracker.set_launch_tags(_skip_tags(skip, skipped))
-        study = open_study(config, space)
-        todo = config.trials - repair(study, tracker)
+        study = open_study(config, space, liveness)
+        repair(study, tracker, liveness)
+        todo, _ = liveness.open_trials(config.trials)
         console.print(
             f"study {study.study_name!r} on {redact(config.storage)}: {todo} trial(s) to run, "
             f"{executor.slots} slot(s), {config.seeds} seed(s) x {config.steps} steps", highlight=False,
@@ -65,9 +69,10 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             callbacks = [c for c in (tracker, view) if c is not None]
             run_id = tracker.run_id if tracker else None
             search = Search(study, space, config.model, executor, budget, callbacks, run_id, skip=skip,
-                            stream=stream)
-            if todo > 0:
-                search.run(todo)
+                            stream=stream, liveness=liveness)
+            liveness.say = view.say
+            search.run(todo)
+            liveness.say = _say
             runner = Runner(executor, config.model, callbacks, config.report_every, config.threads, skip)
             if config.verify_seeds > 0:
                 raced = budget.race_seeds if budget.race_levels() else 0
@@ -93,6 +98,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             tracker.close("FAILED", wait=5.0)
         raise
     finally:
+        liveness.stop()
         if closing is None:
             executor.close()
         else:
@@ -178,55 +184,70 @@ def connect_tracking(config: LaunchConfig) -> Any:
     return connect(config.tracking_uri)
 
 
-def make_tracker(config: LaunchConfig, client: Any) -> Any:
-    """The MLflow tracker on ``client`` (from :func:`connect_tracking`; None: no tracking)."""
+def make_tracker(config: LaunchConfig, client: Any, driver: str | None = None) -> Any:
+    """The MLflow tracker on ``client`` (from :func:`connect_tracking`; None: no tracking); its runs
+    are tagged with the ``driver`` id (tuner.liveness)."""
     if client is None or config.tracking_uri is None:
         return None
     from tuner.tracking import Tracker
 
     params = {k: v for k, v in config.model_dump().items() if k not in ("storage", "tracking_uri")}
     params["storage"] = redact(config.storage)
-    return Tracker(config.tracking_uri, config.study_name, params, client)
+    return Tracker(config.tracking_uri, config.study_name, params, client, driver=driver)
 
 
-def open_study(config: LaunchConfig, space: SearchSpace) -> Any:
-    """Create the study, or load it to continue (same name and storage)."""
+def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | None = None) -> Any:
+    """Create the study, or load it to continue (same name and storage), on a storage with heartbeats.
+
+    A continued study's sampler is seeded from ``--seed`` and the number of trials it holds, so
+    that it does not replay the random start-up sequence of the launches before it.
+    """
     import optuna
 
     from tuner.search import make_pruner, make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = make_sampler(config.sampler, config.seed, len(space.searched()))
+    searched = len(space.searched())
     try:
-        return optuna.create_study(
-            study_name=config.study_name, storage=config.storage, sampler=sampler,
+        storage = (liveness or Liveness(config.grace_period)).storage(config.storage)
+        study = optuna.create_study(
+            study_name=config.study_name, storage=storage, sampler=make_sampler(config.sampler, config.seed, searched),
             pruner=make_pruner(config.pruner), direction="minimize", load_if_exists=True,
         )
     except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as exc:
         raise ConfigError(
             f"--storage {redact(config.storage)}: cannot open the Optuna storage: {str(exc).splitlines()[0]}"
         ) from exc
+    held = len(study.get_trials(deepcopy=False))
+    if held and config.seed is not None:
+        study.sampler = make_sampler(config.sampler, resumed_seed(config.seed, held), searched)
+    return study
 
 
-def repair(study: Any, tracker: Any) -> int:
-    """Mark trials a dead driver left RUNNING as FAIL and queue their configs again.
+def resumed_seed(seed: int, held: int) -> int:
+    """The sampler seed of a launch that continues a study holding ``held`` trials."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, held]).generate_state(1)[0])
+
+
+def repair(study: Any, tracker: Any, liveness: Liveness) -> int:
+    """Fail the trials whose driver is dead (no heartbeat for the grace period), queue them again,
+    and close the MLflow runs of dead drivers; a live driver's trials and runs are left alone.
 
     Returns:
-        How many trials count as finished: COMPLETE, PRUNED or FAIL, less the interrupted ones
-        (each is queued again, and its rerun counts instead).
+        How many trials count as finished (tuner.liveness.counted).
     """
-    import optuna
-
-    states = optuna.trial.TrialState
-    for trial in study.get_trials(deepcopy=False, states=(states.RUNNING,)):
-        study.tell(trial.number, state=states.FAIL, skip_if_finished=True)
-        study.enqueue_trial(trial.params, user_attrs={"rerun_of": trial.number}, skip_if_exists=False)
-        console.print(f"trial {trial.number} was left running by a stopped launch: marked FAIL, queued again")
+    liveness.attach(study)
+    liveness.reap()
     if tracker is not None:
-        tracker.close_orphans(study)
-    trials = study.get_trials(deepcopy=False)
-    interrupted = {t.user_attrs["rerun_of"] for t in trials if "rerun_of" in t.user_attrs}
-    return sum(t.state.is_finished() for t in trials) - len(interrupted)
+        tracker.close_orphans(study, liveness.live_drivers())
+        liveness.on_reap.append(lambda: tracker.close_orphans(study, liveness.live_drivers()))
+    return counted(study.get_trials(deepcopy=False))
+
+
+def _say(text: str) -> None:
+    console.print(text, highlight=False)
 
 
 def _study_summary(study: Any) -> dict[str, float]:

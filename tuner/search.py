@@ -19,7 +19,9 @@ Only this driver talks to the Optuna storage; callbacks (MLflow tracking, the te
 
 from __future__ import annotations
 
+import logging
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -27,9 +29,12 @@ from typing import Any, Protocol
 import optuna
 
 from tuner.evidence import SeedStream
+from tuner.liveness import DUPLICATE_OF, Liveness
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
 
+log = logging.getLogger(__name__)
+_MAX_DUPLICATES = 50  # duplicates asked in one launch after which the space counts as exhausted
 _OPTUNA_STATE = {
     TrialState.COMPLETE: optuna.trial.TrialState.COMPLETE,
     TrialState.PRUNED: optuna.trial.TrialState.PRUNED,
@@ -150,6 +155,7 @@ class Search:
         run_id: Any = None,
         skip: Skip | None = None,
         stream: SeedStream | None = None,
+        liveness: Liveness | None = None,
     ) -> None:
         self.study, self.space, self.model = study, space, model
         self.skip = skip or Skip()  # samples the data preflight left out of every run
@@ -163,26 +169,83 @@ class Search:
         self._standing: dict[int, tuple[int, float]] = standing(study)
         self._racing: set[int] = set()  # trials whose race runs are in flight
         self._waiting: dict[int, TrialOutcome] = {}  # trials waiting for a race to decide theirs
+        self.liveness = liveness  # heartbeats and a study shared with other drivers (None: this one alone)
+        self._open: tuple[float, int, int] = (0.0, 0, 0)  # (when counted, trials to ask, others' running)
+        self.duplicates = 0  # trials asked whose config the study already held (told FAIL, not trained)
 
     def run(self, trials: int | None = None) -> list[TrialOutcome]:
-        """Ask and finish ``trials`` trials (default: the budget's), then return their outcomes."""
+        """Ask and finish ``trials`` trials (default: the budget's), then return their outcomes.
+
+        With ``liveness``, the study may be shared: trials are asked while the study holds fewer
+        than ``budget.trials`` finished or running ones, and the loop also waits for other drivers'
+        running trials (a dead driver's are queued again after the grace period, and run here).
+        """
         to_ask = self.budget.trials if trials is None else trials
-        while to_ask > 0 or self._active:
-            while to_ask > 0 and self.executor.free() > 0:
-                self._start_trial()
-                to_ask -= 1
+        while True:
+            others = 0
+            if self.liveness is not None:
+                self.liveness.maintain()
+                to_ask, others = self._study_open()
+            while to_ask > 0 and self.executor.free() > 0 and self.duplicates < _MAX_DUPLICATES:
+                if self._start_trial():
+                    to_ask -= 1
+                    self._open = (self._open[0], self._open[1] - 1, self._open[2])
+            if not self._active and (to_ask <= 0 or self.duplicates >= _MAX_DUPLICATES):
+                if not others:
+                    return self.outcomes
+                time.sleep(0.5)  # only other drivers' trials are left: wait for them to end or go stale
             for record in self.executor.poll(timeout=0.5):
                 self._on_record(record)
-        return self.outcomes
 
-    def _start_trial(self) -> None:
+    def _study_open(self) -> tuple[int, int]:
+        """(trials to ask, other drivers' running trials), counted in the study at most once a second."""
+        when, _, _ = self._open
+        if time.monotonic() - when >= 1.0 and self.liveness is not None:
+            self._open = (time.monotonic(), *self.liveness.open_trials(self.budget.trials))
+        return self._open[1], self._open[2]
+
+    def _start_trial(self) -> bool:
+        """Ask a trial and submit its search runs; False if its config was already trained (told FAIL)."""
         trial = self.study.ask()
+        if self.liveness is not None:
+            self.liveness.claim(trial)
         config = self.space.suggest(trial)
+        twin = self._twin(trial)
+        if twin is not None:
+            self._skip_duplicate(trial, twin)
+            return False
         seeds = self.stream.search(trial.number, self.budget.seeds)
         self._active[trial.number] = _Trial(trial, config, seeds)
         for cb in self.callbacks:
             cb.on_trial_start(trial.number, config)
         self._submit(trial.number, config, seeds, Phase.SEARCH)
+        return True
+
+    def _twin(self, trial: optuna.trial.Trial) -> int | None:
+        """The number of another trial of the study with the same params (Optuna's duplicate check);
+        None for an enqueued trial (a rerun, or a config a user asked for): it is meant to run."""
+        trials = self.study.get_trials(deepcopy=False)
+        if any(t.number == trial.number and "fixed_params" in t.system_attrs for t in trials):
+            return None
+        for other in trials:
+            if other.number != trial.number and other.state != optuna.trial.TrialState.WAITING \
+                    and other.params == trial.params:
+                return other.number
+        return None
+
+    def _skip_duplicate(self, trial: optuna.trial.Trial, twin: int) -> None:
+        """Tell a trial that repeats trial ``twin``'s config FAIL without training it; reseed the sampler.
+
+        A resumed or concurrent launch reseeds its sampler so that it does not replay another's
+        sequence; a duplicate left anyway (a small discrete space) reseeds it at random.
+        """
+        trial.set_user_attr(DUPLICATE_OF, twin)
+        trial.set_user_attr("reason", f"same config as trial {twin}: not trained again")
+        self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if self.liveness is not None:
+            self.liveness.release(trial.number)
+        self.study.sampler.reseed_rng()
+        self.duplicates += 1
 
     def _submit(self, number: int, config: TrainConfig, seeds: Sequence[int], phase: Phase) -> None:
         b = self.budget
@@ -213,7 +276,10 @@ class Search:
         at_step = active.losses.setdefault(record.step, {})
         at_step[record.seed] = record.loss if record.loss is not None else float("nan")
         if len(at_step) == len(active.seeds) and record.step not in active.reported:
-            active.trial.report(statistics.fmean(at_step.values()), record.step)
+            try:
+                active.trial.report(statistics.fmean(at_step.values()), record.step)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                return  # failed as stale by another launch; _finish says so
             active.reported.add(record.step)
             del active.losses[record.step]
             if 0 < self.budget.prune_from <= record.step < self.budget.steps and active.trial.should_prune():
@@ -273,12 +339,18 @@ class Search:
 
     def _finish(self, active: _Trial, outcome: TrialOutcome) -> None:
         number = active.trial.number
-        if outcome.state is TrialState.PRUNED:
-            self._report_divergence(active, outcome)
         attrs = trial_attrs(outcome, self._run_id(number) if self._run_id else None)
-        for key, value in {**attrs, "steps": self.budget.steps}.items():
-            active.trial.set_user_attr(key, value)
-        self.study.tell(number, outcome.value, state=_OPTUNA_STATE[outcome.state])
+        try:
+            if outcome.state is TrialState.PRUNED:
+                self._report_divergence(active, outcome)
+            for key, value in {**attrs, "steps": self.budget.steps}.items():
+                active.trial.set_user_attr(key, value)
+            self.study.tell(number, outcome.value, state=_OPTUNA_STATE[outcome.state])
+        except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale by another launch: rerun there
+            log.warning("trial %d was marked FAIL by another launch (its heartbeat was late); its rerun counts",
+                        number)
+        if self.liveness is not None:
+            self.liveness.release(number)
         del self._active[number]
         self.outcomes.append(outcome)
         for cb in self.callbacks:

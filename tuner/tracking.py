@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from tuner.errors import TrackingError
@@ -37,6 +37,7 @@ _RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "FINISHED", T
                TrialState.FAIL: "FAILED"}
 _BATCH = 1000
 DIVERGENCE_FILE = "divergence.json"
+DRIVER_TAG = "tuner.driver"  # the id of the launch that created a run (tuner.liveness)
 
 
 def connect(uri: str) -> Any:
@@ -71,17 +72,23 @@ def _unreachable(uri: str, exc: BaseException) -> TrackingError:
 class Tracker:
     """Logs a launch to MLflow (see the module docs); a Callback of ``tuner.search``."""
 
-    def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, Any], client: Any = None) -> None:
-        """Create the parent run; ``client`` is one :func:`connect` made beforehand (else made here)."""
+    def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, Any], client: Any = None,
+                 driver: str | None = None) -> None:
+        """Create the parent run; ``client`` is one :func:`connect` made beforehand (else made here).
+
+        Every run it creates is tagged ``tuner.driver`` with ``driver`` (its launch's id, see
+        tuner.liveness), so that another launch on the study closes it only once that driver is dead.
+        """
         from mlflow.entities import Metric, Param, RunTag
 
         self._Metric, self._Param, self._Tag = Metric, Param, RunTag
         self.uri = uri
+        self._driver = {DRIVER_TAG: driver} if driver else {}
         self.client = client if client is not None else connect(uri)
         try:
             found = self.client.get_experiment_by_name(experiment)
             self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-            tags = {"tuner.role": "study", "study": experiment}
+            tags = {"tuner.role": "study", "study": experiment, **self._driver}
             parent = self.client.create_run(self.experiment_id, tags=tags, run_name=f"{experiment}-launch")
             self.parent_id = parent.info.run_id
             self.client.log_batch(self.parent_id, params=[Param(k, str(v)) for k, v in launch_params.items()])
@@ -240,16 +247,19 @@ class Tracker:
         if self._ops:
             log.warning("MLflow did not come back: %d queued operations were not logged", len(self._ops))
 
-    def close_orphans(self, study: Any) -> int:
-        """Close the runs a dead driver left RUNNING, each with the status of its Optuna trial.
+    def close_orphans(self, study: Any, live: Collection[str] = ()) -> int:
+        """Close the runs dead drivers left RUNNING, each with the status of its Optuna trial.
+
+        A run of a live driver (its ``tuner.driver`` tag in ``live``) or of a trial still RUNNING
+        is left alone; a run without the tag is a dead driver's (a tuner before heartbeats).
 
         Returns:
             How many runs were closed.
         """
         with self._lock:
-            return self._close_orphans(study)
+            return self._close_orphans(study, set(live))
 
-    def _close_orphans(self, study: Any) -> int:
+    def _close_orphans(self, study: Any, live: set[str]) -> int:
         import optuna
 
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
@@ -259,10 +269,12 @@ class Tracker:
         )
         closed = 0
         for run in runs:
-            if run.info.run_id == self.parent_id:
+            if run.info.run_id == self.parent_id or run.data.tags.get(DRIVER_TAG) in live:
                 continue
             number = run.data.tags.get("trial")
             state = states.get(int(number)) if number is not None else None
+            if state == optuna.trial.TrialState.RUNNING:
+                continue  # its driver may be alive and late: it is closed once the trial is failed as stale
             if state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
                 default = "survived" if state == optuna.trial.TrialState.COMPLETE else "diverged"
                 tag = str(trials[int(number)].user_attrs.get("status", default))
@@ -309,7 +321,8 @@ class Tracker:
 
     def _new_child(self, number: int, **tags: str) -> str:
         """Create a child run of trial ``number`` under this launch's parent run; its id."""
-        tags = {"mlflow.parentRunId": self.parent_id, "trial": str(number), "phase": "search", **tags}
+        tags = {"mlflow.parentRunId": self.parent_id, "trial": str(number), "phase": "search", **self._driver,
+                **tags}
         return self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}").info.run_id
 
     def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
@@ -340,7 +353,7 @@ class Tracker:
         if name in self._named:
             return
         parent = self._runs.get(number) or self.parent_id
-        tags = {"mlflow.parentRunId": parent, "trial": str(number), "phase": phase.value}
+        tags = {"mlflow.parentRunId": parent, "trial": str(number), "phase": phase.value, **self._driver}
         run = self.client.create_run(self.experiment_id, tags=tags, run_name=name)
         self._named[name] = run.info.run_id
         self._log_params(run.info.run_id, params)

@@ -1,0 +1,169 @@
+"""Several drivers on one study: heartbeats, and repair of only the trials whose driver is dead.
+
+Optuna's answer to dead workers is the heartbeat (``RDBStorage(heartbeat_interval=...,
+grace_period=...)`` and ``optuna.storages.fail_stale_trials``). With ask/tell Optuna records no
+heartbeat itself, so the driver does: right after ``ask`` (before the trial is marked as this
+driver's, ``tuner.driver``), then from a thread every ``grace / 6`` seconds (at least 1 s) for
+every trial it is running. A trial whose last heartbeat is older than ``--grace-period`` (its
+driver was killed, or lost the storage) is stale: any launch on the study marks it FAIL and queues
+its config again (user attr ``rerun_of``), at its start and every heartbeat interval while it runs.
+A live driver's trials are never touched, so several launches can share one study, Optuna's own
+distributed pattern (one study, many processes, one RDB storage).
+
+A RUNNING trial without ``tuner.driver`` (left by a tuner without heartbeats) is stale once it is
+older than the grace period. Each driver also beats on the study (user attr
+``tuner.driver.<id>``: the time of its last beat), so a launch closes only dead drivers' MLflow runs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import optuna
+
+log = logging.getLogger(__name__)
+
+DRIVER = "tuner.driver"  # trial user attr: the id of the driver that runs it
+DRIVER_BEAT = "tuner.driver."  # study user attr prefix: driver id -> time of its last beat
+RERUN_OF = "rerun_of"  # trial user attr: the number of the interrupted trial it reruns
+DUPLICATE_OF = "duplicate_of"  # trial user attr: the trial whose config it repeated (not trained)
+_RUNNING = optuna.trial.TrialState.RUNNING
+# ask/tell with heartbeats is what this module is for: Optuna warns about it on every ask
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+
+
+def counted(trials: Sequence[optuna.trial.FrozenTrial]) -> int:
+    """Finished trials that count toward ``--trials``: not an interrupted one (its rerun counts
+    instead) nor a duplicate that was never trained."""
+    interrupted = {t.user_attrs[RERUN_OF] for t in trials if RERUN_OF in t.user_attrs}
+    return sum(t.state.is_finished() and t.number not in interrupted and DUPLICATE_OF not in t.user_attrs
+               for t in trials)
+
+
+class Liveness:
+    """One driver's heartbeats and its repair of the study (see the module docs)."""
+
+    def __init__(self, grace: int = 30, say: Callable[[str], None] = print) -> None:
+        self.grace = grace
+        self.interval = max(1, grace // 6)
+        self.driver = uuid.uuid4().hex[:12]
+        self.say = say  # where "trial N was left running ..." goes (the terminal view once it is up)
+        self.on_reap: list[Callable[[], object]] = []  # called after stale trials were failed
+        self.study: Any = None
+        self._mine: dict[int, int] = {}  # trial number -> trial id, of the trials this driver runs
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_reap = time.monotonic()
+        self._reaped: list[int] = []
+        self._warned = False
+
+    def storage(self, url: str) -> optuna.storages.RDBStorage:
+        """An Optuna RDB storage of ``url`` whose stale trials are queued again by this driver."""
+        engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # two drivers' writes wait
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs=engine, heartbeat_interval=self.interval, grace_period=self.grace,
+                heartbeat_stale_trial_callback=self._requeue,
+            )
+
+    def attach(self, study: Any) -> None:
+        """Start beating for this driver's trials of ``study``."""
+        self.study = study
+        self._beat_driver()
+        self._thread = threading.Thread(target=self._beat_loop, name="tuner-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the heartbeats (this driver's trials become stale after the grace period)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def claim(self, trial: optuna.trial.Trial) -> None:
+        """Mark a trial just asked as this driver's: its first heartbeat, then the owner tag."""
+        self.study._storage.record_heartbeat(trial._trial_id)
+        trial.set_user_attr(DRIVER, self.driver)
+        with self._lock:
+            self._mine[trial.number] = trial._trial_id
+
+    def release(self, number: int) -> None:
+        """The trial was told: stop beating for it."""
+        with self._lock:
+            self._mine.pop(number, None)
+
+    def mine(self) -> list[int]:
+        """Numbers of the trials this driver is running."""
+        with self._lock:
+            return sorted(self._mine)
+
+    def reap(self) -> list[int]:
+        """Fail the stale trials of the study and queue their configs again; their numbers."""
+        self._last_reap, self._reaped = time.monotonic(), []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)  # calls _requeue for each trial it failed
+        now = datetime.datetime.now()
+        for trial in self.study.get_trials(deepcopy=False, states=(_RUNNING,)):
+            started = trial.datetime_start or now
+            if DRIVER in trial.user_attrs or (now - started).total_seconds() < self.grace:
+                continue
+            try:  # a trial of a tuner without heartbeats: its own grace period has passed
+                if self.study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
+                    self._requeue(self.study, trial)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # another launch failed it first
+        if self._reaped:
+            for hook in self.on_reap:
+                hook()
+        return self._reaped
+
+    def maintain(self) -> None:
+        """Reap stale trials if a heartbeat interval passed since the last time (from the search loop)."""
+        if time.monotonic() - self._last_reap >= self.interval:
+            self.reap()
+
+    def open_trials(self, target: int) -> tuple[int, int]:
+        """(trials the study still needs that nobody runs, trials other drivers are running)."""
+        trials = self.study.get_trials(deepcopy=False)
+        mine = set(self.mine())
+        running = [t for t in trials if t.state == _RUNNING]
+        others = sum(t.number not in mine for t in running)
+        return target - counted(trials) - len(running), others
+
+    def live_drivers(self) -> set[str]:
+        """Ids of the drivers whose last beat on the study is within the grace period (this one too)."""
+        now = time.time()
+        live = {key.removeprefix(DRIVER_BEAT) for key, value in self.study.user_attrs.items()
+                if key.startswith(DRIVER_BEAT) and isinstance(value, (int, float)) and now - value < self.grace}
+        return live | {self.driver}
+
+    def _requeue(self, study: Any, trial: optuna.trial.FrozenTrial) -> None:
+        study.enqueue_trial(trial.params, user_attrs={RERUN_OF: trial.number}, skip_if_exists=False)
+        self._reaped.append(trial.number)
+        self.say(f"trial {trial.number} was left running by a stopped launch (no heartbeat for {self.grace} s): "
+                 "marked FAIL, queued again")
+
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                ids = list(self._mine.values())
+            try:
+                for trial_id in ids:
+                    self.study._storage.record_heartbeat(trial_id)
+                self._beat_driver()
+            except Exception as exc:  # the storage did not answer: try again at the next beat
+                if not self._warned:
+                    log.warning("could not record a heartbeat in the Optuna storage: %s", exc)
+                    self._warned = True
+
+    def _beat_driver(self) -> None:
+        self.study.set_user_attr(f"{DRIVER_BEAT}{self.driver}", time.time())
