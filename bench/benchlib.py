@@ -157,16 +157,9 @@ def write_json(path: str | None, doc: Mapping[str, Any]) -> None:
 
 def train_config(flat: Mapping[str, Any]) -> Any:
     """A TrainConfig from its flat form (``TrainConfig.flat()``)."""
-    from tuner.records import TrainConfig
+    from tuner.spaces import config_from_flat
 
-    knobs = {k: v for k, v in flat.items() if k not in TUNER_KNOB_NAMES}
-    return TrainConfig(
-        learning_rate=float(flat["learning_rate"]),
-        clip_norm=None if flat.get("clip_norm") is None else float(flat["clip_norm"]),
-        l2_weight=float(flat.get("l2_weight") or 0.0),
-        lr_decay=float(flat.get("lr_decay", 1.0)),
-        knobs=knobs,
-    )
+    return config_from_flat(flat)
 
 
 def run_key(run: Mapping[str, Any]) -> str:

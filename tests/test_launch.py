@@ -101,11 +101,16 @@ def test_launch_continues_a_study_with_more_trials(tmp_path: Path) -> None:
     assert len(set(configs)) == 5
 
 
-def test_launch_counting_cnn_end_to_end(tmp_path: Path) -> None:
-    _, doc = launch(tmp_path, "--model", "counting_cnn", *NO_VERIFY, codes=FINISHED)
+def test_launch_counting_cnn_end_to_end_with_the_optimizer_and_clip_mode_searched(tmp_path: Path) -> None:
+    space = FIXTURES / "spaces" / "cnn_optimizers.yaml"
+    _, doc = launch(tmp_path, "--model", "counting_cnn", "--space", str(space), *NO_VERIFY, codes=FINISHED)
     assert list(doc["config"])[:3] == ["learning_rate", "clip_norm", "l2_weight"]
     assert "max_iter" not in doc["config"] and "loss" in doc["config"]
-    check_stores(tmp_path, 8)
+    assert doc["config"]["optimizer"] in ("rmsprop", "momentum", "sgd")
+    assert doc["config"]["clip_mode"] in ("global", "per_tensor", "value")
+    finished = check_stores(tmp_path, 8)
+    tried = {t.user_attrs["config"]["optimizer"] for t in finished}
+    assert tried <= {"rmsprop", "momentum", "sgd"} and len(tried) >= 2  # TPE's random start-up tries several
 
 
 def test_launch_learning_rate_one_diverges_every_trial_and_is_no_success(tmp_path: Path) -> None:

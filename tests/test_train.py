@@ -220,3 +220,94 @@ def test_graphs_keep_the_latest_configs_and_rebuild_a_graph_with_its_own_seeds()
     raw = RawSeed()
     assert graphs.get(raw, configs[0], 0)[0].reusable is False
     assert graphs.get(raw, configs[0], 1)[1] is False
+
+
+def _one_step_weight(config: TrainConfig, steps: int = 1) -> tuple[float, bool]:
+    """Planted (width 3, every kernel gradient -0.4 at w = 0.1): a kernel entry after ``steps``
+    train steps, and whether the last step was clipped."""
+    import tensorflow as tf
+
+    from tuner.train import build
+
+    model = Planted()
+    built = build(model, config, 0)
+    data = model.data(config.knobs)
+    with tf.compat.v1.Session(graph=built.graph) as sess:
+        sess.run(built.init)
+        clipped = False
+        for step in range(1, steps + 1):
+            extra = () if built.clipped is None else (built.clipped,)
+            out = sess.run(built.train_fetches + extra, built.feed(config, data.batch(step, 0)))
+            clipped = bool(out[3]) if extra else False
+        (w,) = [v for v in built.state if v.name == "w:0"]
+        return float(sess.run(w)[0, 0]), clipped
+
+
+WIDE = {"fault": "none", "bad_step": 0, "batch_size": 8, "width": 3}
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "knobs", "expected"),
+    [
+        ("sgd", {}, 0.1 + 0.1 * 0.4),
+        ("adagrad", {}, 0.1 + 0.1 * 0.4 / (0.1 + 0.16) ** 0.5),  # accumulator starts at 0.1
+        ("rmsprop", {}, 0.1 + 0.1 * 0.4 / (0.9 * 1.0 + 0.1 * 0.16) ** 0.5),  # mean square starts at 1
+        ("rmsprop", {"rho": 0.5}, 0.1 + 0.1 * 0.4 / (0.5 * 1.0 + 0.5 * 0.16) ** 0.5),
+        ("adam", {}, 0.1 + 0.1),  # Adam's first step is lr * sign(-g)
+        ("momentum", {}, 0.1 + 0.1 * 0.4),  # the same first step as SGD; momentum shows on the second
+    ],
+)
+def test_each_optimizer_takes_its_tf1_update(optimizer: str, knobs: dict, expected: float) -> None:
+    w, _ = _one_step_weight(TrainConfig(0.1, optimizer=optimizer, knobs=WIDE, **knobs))
+    assert w == pytest.approx(expected, rel=1e-4)
+
+
+def test_momentum_knob_is_fed() -> None:
+    """Two steps: momentum 0 is plain SGD, momentum 0.9 carries the first step's velocity on."""
+    plain, _ = _one_step_weight(TrainConfig(0.1, optimizer="sgd", knobs=WIDE), steps=2)
+    none, _ = _one_step_weight(TrainConfig(0.1, optimizer="momentum", momentum=0.0, knobs=WIDE), steps=2)
+    heavy, _ = _one_step_weight(TrainConfig(0.1, optimizer="momentum", momentum=0.9, knobs=WIDE), steps=2)
+    assert none == pytest.approx(plain, rel=1e-6)
+    assert heavy > plain + 0.02  # the first step's velocity carries on
+
+
+@pytest.mark.parametrize(
+    ("mode", "clip", "expected", "clipped"),
+    [
+        ("global", 0.5, 0.1 + 0.4 * 0.5 / (0.4 * 12**0.5), None),  # scaled by clip / global norm
+        ("per_tensor", 0.5, 0.1 + 0.4 * 0.5 / (0.4 * 12**0.5), True),  # one tensor: its norm is the global one
+        ("value", 0.1, 0.1 + 0.1, True),  # each value cut to -0.1
+        ("value", 1.0, 0.1 + 0.4, False),  # nothing above 1.0
+        ("per_tensor", 10.0, 0.1 + 0.4, False),
+    ],
+)
+def test_clip_modes_clip_as_tf_does(mode: str, clip: float, expected: float, clipped: bool | None) -> None:
+    w, was_clipped = _one_step_weight(TrainConfig(1.0, clip_norm=clip, clip_mode=mode, optimizer="sgd", knobs=WIDE))
+    assert w == pytest.approx(expected, rel=1e-5)
+    if clipped is not None:
+        assert was_clipped is clipped
+
+
+def test_reused_graph_feeds_the_optimizer_knobs_as_a_fresh_build() -> None:
+    """RMSProp with its momentum, decay and epsilon fed: a reused graph trains as a fresh one, and
+    the optimizer and clip mode key the graph (another optimizer is built, not reused)."""
+    from tuner.models import load_model
+    from tuner.train import Graphs
+
+    model = load_model("iterated_mlp")
+    knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 3}
+    graphs = Graphs()
+    first = TrainConfig(1e-3, optimizer="rmsprop", knobs=knobs)
+    second = TrainConfig(3e-4, optimizer="rmsprop", momentum=0.5, rho=0.8, optimizer_epsilon=1e-6,
+                         clip_norm=0.3, clip_mode="value", knobs=knobs)
+    _trained(model, RunSpec(0, 1, "iterated_mlp", first, 5, 5), graphs)
+    built_value = _trained(model, RunSpec(1, 2, "iterated_mlp", second, 5, 5), graphs)
+    assert built_value[-1].info["graph"] == "built"  # clip_mode value: another graph
+    reused = _trained(model, RunSpec(1, 3, "iterated_mlp", second, 40, 10), graphs)
+    fresh = _trained(model, RunSpec(1, 3, "iterated_mlp", second, 40, 10))
+    assert reused[-1].info["graph"] == "reused"
+    assert [(r.step, r.loss, r.metrics.get("clip_fraction")) for r in reused] == [
+        (r.step, r.loss, r.metrics.get("clip_fraction")) for r in fresh
+    ]
+    sgd = TrainConfig(1e-3, optimizer="sgd", knobs=knobs)
+    assert _trained(model, RunSpec(2, 1, "iterated_mlp", sgd, 5, 5), graphs)[-1].info["graph"] == "built"

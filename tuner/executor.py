@@ -215,8 +215,8 @@ class RayExecutor:
 
 
 def graph_key(spec: RunSpec) -> tuple[str, str]:
-    """What a worker's graph depends on: the model and its knob values (tuner's knobs are fed)."""
-    return spec.model, repr(sorted(spec.config.knobs.items()))
+    """What a worker's graph depends on: the model, its knob values, the optimizer and the clip mode."""
+    return spec.model, spec.config.graph_key()
 
 
 def _ended(spec: RunSpec, status: RunStatus, reason: str, last: RunRecord | None = None) -> RunRecord:

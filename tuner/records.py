@@ -47,15 +47,27 @@ class DivergedOn(enum.StrEnum):
     VALIDATION = "validation"
 
 
+OPTIMIZERS = ("adam", "rmsprop", "momentum", "sgd", "adagrad")  # tf.compat.v1.train's, by tuner's names
+CLIP_MODES = ("global", "per_tensor", "value")  # clip_by_global_norm, clip_by_norm per tensor, clip_by_value
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """One point of the search space: tuner's knobs plus the model's own knobs.
 
     Attributes:
-        learning_rate: Adam's learning rate.
-        clip_norm: global-norm clipping threshold; None means no clipping.
+        learning_rate: the optimizer's learning rate.
+        clip_norm: clipping threshold (of ``clip_mode``); None means no clipping.
         l2_weight: weight of the L2 term over kernels (0 means none).
         lr_decay: learning-rate factor per 1000 steps (1.0 means constant).
+        optimizer: one of :data:`OPTIMIZERS` (``tf.compat.v1.train``'s Adam, RMSProp, Momentum,
+            GradientDescent, Adagrad).
+        momentum: momentum of ``momentum`` and ``rmsprop``; None: TensorFlow's default (0.9 for
+            ``momentum``, which has none in TF; 0.0 for ``rmsprop``).
+        rho: RMSProp's decay; None: 0.9.
+        optimizer_epsilon: epsilon of ``adam`` and ``rmsprop``; None: TF's (1e-8, 1e-10).
+        clip_mode: one of :data:`CLIP_MODES`: the global norm of all gradients, each gradient's
+            own norm, or each value.
         knobs: the model's knobs, one value each.
     """
 
@@ -63,12 +75,28 @@ class TrainConfig:
     clip_norm: float | None = None
     l2_weight: float = 0.0
     lr_decay: float = 1.0
+    optimizer: str = "adam"
+    momentum: float | None = None
+    rho: float | None = None
+    optimizer_epsilon: float | None = None
+    clip_mode: str = "global"
     knobs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer {self.optimizer!r}: expected one of {list(OPTIMIZERS)}")
+        if self.clip_mode not in CLIP_MODES:
+            raise ValueError(f"clip_mode {self.clip_mode!r}: expected one of {list(CLIP_MODES)}")
 
     def flat(self) -> dict[str, Any]:
         """Tuner knobs then model knobs, in one flat dict (the order of best_config.yaml)."""
         tuner_part = {k: v for k, v in asdict(self).items() if k != "knobs"}
         return {**tuner_part, **dict(self.knobs)}
+
+    def graph_key(self) -> str:
+        """What a built graph depends on besides the model: its knobs, the optimizer and the clip
+        mode (the other tuner knobs are fed at run time, see tuner.train.Hyper)."""
+        return repr((sorted(self.knobs.items()), self.optimizer, self.clip_mode))
 
 
 @dataclass(frozen=True)

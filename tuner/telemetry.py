@@ -43,11 +43,12 @@ class Telemetry:
         """Steps added so far (all finite)."""
         return len(self.losses)
 
-    def add(self, step: int, loss: float, gnorm: float) -> None:
-        """Count one finite step."""
+    def add(self, step: int, loss: float, gnorm: float, clipped: bool | None = None) -> None:
+        """Count one finite step; ``clipped``: whether clipping changed a gradient (None: the
+        global norm above ``clip_norm``)."""
         self.losses.append(loss)
         self.gnorms.append(gnorm)
-        self.last_clipped = self.clip_norm is not None and gnorm > self.clip_norm
+        self.last_clipped = (self.clip_norm is not None and gnorm > self.clip_norm) if clipped is None else clipped
         self.clipped += self.last_clipped
         if len(self._window) >= SPIKE_WARMUP:
             median = self._sorted[len(self._sorted) // 2]

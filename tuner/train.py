@@ -41,8 +41,16 @@ UPDATED_SCOPE = "updated"  # reads of the weights after the update (tuner.forens
 MAXINT32 = 2**31 - 1  # TensorFlow truncates graph and op seeds modulo this (random_seed._truncate_seed)
 
 
+# TensorFlow's defaults of the optimizer knobs a config leaves null (momentum has no TF default: 0.9)
+OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
+    "adam": {"epsilon": 1e-8}, "rmsprop": {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-10},
+    "momentum": {"momentum": 0.9}, "sgd": {}, "adagrad": {},
+}
+
+
 class Hyper:
-    """Placeholders of tuner's own knobs, fed on every run: the graph does not depend on them.
+    """Placeholders of tuner's own knobs, fed on every run: the graph does not depend on them
+    (the optimizer and the clip mode, which do, are part of the graph's key).
 
     Each is used so that its "off" value gives exactly the arithmetic of a graph without it: L2
     weight 0 adds ``0 * sum`` (+0.0), clipping off scales the gradients by 1.0, decay 1.0 gives
@@ -56,16 +64,43 @@ class Hyper:
             self.clip_norm = tf1.placeholder(tf.float32, [], name="clip_norm")
             self.clip_on = tf1.placeholder(tf.bool, [], name="clip_on")
             self.l2_weight = tf1.placeholder(tf.float32, [], name="l2_weight")
+            self.momentum = tf1.placeholder(tf.float32, [], name="momentum")
+            self.rho = tf1.placeholder(tf.float32, [], name="rho")
+            self.epsilon = tf1.placeholder(tf.float32, [], name="optimizer_epsilon")
 
     def feed(self, config: TrainConfig) -> dict[Any, Any]:
         """The values of ``config`` for these placeholders."""
+        defaults = OPTIMIZER_DEFAULTS[config.optimizer]
+
+        def value(name: str, given: float | None) -> float:
+            return given if given is not None else defaults.get(name, 0.0)
+
         return {
             self.learning_rate: config.learning_rate,
             self.lr_decay: config.lr_decay,
             self.clip_norm: config.clip_norm if config.clip_norm is not None else 1.0,
             self.clip_on: config.clip_norm is not None,
             self.l2_weight: config.l2_weight,
+            self.momentum: value("momentum", config.momentum),
+            self.rho: value("rho", config.rho),
+            self.epsilon: value("epsilon", config.optimizer_epsilon),
         }
+
+
+def make_optimizer(name: str, hyper: Hyper, learning_rate: Any) -> Any:
+    """The ``tf.compat.v1.train`` optimizer ``name``, its knobs fed from ``hyper``."""
+    if name == "adam":
+        return tf1.train.AdamOptimizer(learning_rate, epsilon=hyper.epsilon)
+    if name == "rmsprop":
+        return tf1.train.RMSPropOptimizer(learning_rate, decay=hyper.rho, momentum=hyper.momentum,
+                                          epsilon=hyper.epsilon)
+    if name == "momentum":
+        return tf1.train.MomentumOptimizer(learning_rate, momentum=hyper.momentum)
+    if name == "sgd":
+        return tf1.train.GradientDescentOptimizer(learning_rate)
+    if name == "adagrad":
+        return tf1.train.AdagradOptimizer(learning_rate)
+    raise ValueError(f"unknown optimizer {name!r}")
 
 
 @dataclass
@@ -81,6 +116,7 @@ class Built:
     state: list[Any]  # every global variable (weights, Adam slots, global step): the snapshot
     state_reader: StateReader
     hyper: Hyper
+    clipped: Any  # bool tensor: this step's clipping changed a gradient (None: the driver tells, global mode)
     init: Any  # the initializer of every global variable
     seed: int  # the graph-level seed its random ops now carry (see reseed)
     random_ops: list[tuple[Any, int]] = field(default_factory=list)  # (op, its op seed): every random op
@@ -146,13 +182,13 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
         variables = tf1.trainable_variables()
         total = mg.loss + _l2_term(variables, hyper.l2_weight)
         step = tf1.train.get_or_create_global_step()
-        optimizer = tf1.train.AdamOptimizer(_learning_rate(hyper, step))
+        optimizer = make_optimizer(config.optimizer, hyper, _learning_rate(hyper, step))
         grads_and_vars = optimizer.compute_gradients(total, variables, gate_gradients=NO_GATE)
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
         grads = [g for g, _ in pairs]
         grad_norm = tf.linalg.global_norm(grads)
         report_names, report_values = _report_tensors(pairs, mg.watch)
-        grads = _clip(grads, grad_norm, hyper)
+        grads, clipped = _clip(grads, grad_norm, hyper, config.clip_mode)
         with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
             train_op = optimizer.apply_gradients(zip(grads, [v for _, v in pairs], strict=True), step)
         with tf.control_dependencies([train_op]), tf.name_scope(UPDATED_SCOPE):
@@ -167,8 +203,8 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
         graph.stop_checks()  # the run's cancel flag is not asked again by ops made later in this graph
     fetches = (weights_ok, mg.loss, grad_norm)
     random_ops, reusable = _random_ops(graph, seed)
-    return Built(graph, mg, fetches, val_loss, report_names, report_values, state, reader, hyper, init, seed,
-                 random_ops, reusable)
+    return Built(graph, mg, fetches, val_loss, report_names, report_values, state, reader, hyper, clipped, init,
+                 seed, random_ops, reusable)
 
 
 def _random_ops(graph: Any, seed: int) -> tuple[list[tuple[Any, int]], bool]:
@@ -236,7 +272,7 @@ class Graphs:
         Raises:
             BuildStopped: ``should_stop()`` turned true during a build.
         """
-        key = (id(model), repr(sorted(config.knobs.items())))
+        key = (id(model), config.graph_key())
         kept = self._kept.get(key)
         if kept is not None and kept[0] is model:
             self._kept.move_to_end(key)
@@ -332,18 +368,39 @@ def _learning_rate(hyper: Hyper, step: Any) -> Any:
         return hyper.learning_rate * tf.pow(hyper.lr_decay, progress)
 
 
-def _clip(grads: list[Any], norm: Any, hyper: Hyper) -> list[Any]:
-    """Global-norm clipping when ``hyper.clip_on``, as ``tf.clip_by_global_norm`` does; else a scale of 1.0."""
+def _clip(grads: list[Any], norm: Any, hyper: Hyper, mode: str) -> tuple[list[Any], Any]:
+    """Clip the gradients when ``hyper.clip_on``; else leave them exactly as they are.
+
+    ``global``: all scaled by ``clip / global norm`` when above, as ``tf.clip_by_global_norm``;
+    ``per_tensor``: each by its own norm, as ``tf.clip_by_norm``; ``value``: each value into
+    ``[-clip, clip]``, as ``tf.clip_by_value``. Returns the gradients and, except in ``global``
+    mode (the driver compares the global norm itself), a bool tensor: some gradient was clipped.
+    """
+    clip = hyper.clip_norm
     with tf.name_scope("clip_by_global_norm"):  # tuner.forensics counts it as backward
-        clipped = hyper.clip_norm * tf.minimum(1.0 / norm, 1.0 / hyper.clip_norm)
-        scale = tf.where(hyper.clip_on, clipped + (norm - norm), tf.constant(1.0))  # NaN norm: NaN, as TF
-        out = []
+        if mode == "global":
+            scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)  # a NaN norm gives NaN, as TF
+            return [_scaled(g, tf.where(hyper.clip_on, scale, 1.0)) for g in grads], None
+        out, hit = [], []
         for g in grads:
-            if isinstance(g, tf.IndexedSlices):
-                out.append(tf.IndexedSlices(g.values * tf.cast(scale, g.dtype), g.indices, g.dense_shape))
+            values = g.values if isinstance(g, tf.IndexedSlices) else g
+            if mode == "per_tensor":
+                own = tf.norm(values)
+                hit.append(own > clip)
+                new = _scaled(g, tf.where(hyper.clip_on, clip * tf.minimum(1.0 / own, 1.0 / clip) + (own - own), 1.0))
             else:
-                out.append(g * tf.cast(scale, g.dtype))
-        return out
+                hit.append(tf.reduce_any(tf.abs(values) > clip))
+                cut = tf.where(hyper.clip_on, tf.clip_by_value(values, -clip, clip), values)
+                new = tf.IndexedSlices(cut, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices) else cut
+            out.append(new)
+        clipped = tf.logical_and(hyper.clip_on, tf.reduce_any(tf.stack(hit))) if hit else tf.constant(False)
+        return out, clipped
+
+
+def _scaled(g: Any, scale: Any) -> Any:
+    if isinstance(g, tf.IndexedSlices):
+        return tf.IndexedSlices(g.values * tf.cast(scale, g.dtype), g.indices, g.dense_shape)
+    return g * tf.cast(scale, g.dtype)
 
 
 def session_config(threads: int, gpu: bool) -> Any:
@@ -473,17 +530,18 @@ class Stepper:
         """Run train step ``step``; return what went non-finite first, or None."""
         feed = self.feed_arrays(self.data.batch(step, self.spec.seed))
         report = self.is_report(step)
+        extra = () if self.built.clipped is None else (self.built.clipped,)
         if report:
             reader = self.built.state_reader
-            (weights_ok, loss, gnorm), values, raw = self.sess.run(
-                (self.built.train_fetches, self.built.report_values, reader.fetches), feed
+            (weights_ok, loss, gnorm, *clipped), values, raw = self.sess.run(
+                (self.built.train_fetches + extra, self.built.report_values, reader.fetches), feed
             )
         else:
-            weights_ok, loss, gnorm = self.sess.run(self.built.train_fetches, feed)
+            weights_ok, loss, gnorm, *clipped = self.sess.run(self.built.train_fetches + extra, feed)
         loss, gnorm = float(loss), float(gnorm)
         cause = non_finite(loss, gnorm, bool(weights_ok))
         if cause is None:
-            self.telemetry.add(step, loss, gnorm)
+            self.telemetry.add(step, loss, gnorm, bool(clipped[0]) if clipped else None)
             if report:
                 self.metrics = self.telemetry.report(step, dict(zip(self.built.report_names, values, strict=True)))
                 self.snapshot = Snapshot(step, tuple(raw), reader.unpack)

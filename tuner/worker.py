@@ -12,6 +12,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from tuner.records import RunRecord, RunSpec, RunStatus
@@ -66,7 +67,7 @@ class TrialWorker:
             started = time.perf_counter()
             for record in train_run(model, data, spec, context.is_canceled, self._where(), sample_ids, self._graphs):
                 if record.final:
-                    record.info["run_seconds"] = time.perf_counter() - started
+                    record = replace(record, info={**record.info, "run_seconds": time.perf_counter() - started})
                 yield record
         except Exception as exc:  # a bug in the model or a bad config: FAIL, not retried
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -19,9 +19,10 @@ A model is any object with three members (see :class:`Model`):
     space's fixed knobs (else the defaults), and the samples it flags are left out by index in
     every trial: so which samples there are, and their order, must not depend on the knobs.
 
-What tuner adds on top of ``build`` (``tuner.train``): Adam at the trial's learning rate (with an
-optional exponential decay), an L2 term ``l2_weight * sum(l2_loss(w))`` over every trainable
-variable of rank >= 2 (kernels, not biases or BatchNorm scales), global-norm gradient clipping,
+What tuner adds on top of ``build`` (``tuner.train``): the ``optimizer`` knob's
+``tf.compat.v1.train`` optimizer (Adam by default) at the trial's learning rate (with an optional
+exponential decay), an L2 term ``l2_weight * sum(l2_loss(w))`` over every trainable variable of
+rank >= 2 (kernels, not biases or BatchNorm scales), gradient clipping (``clip_mode``),
 and a check of the loss, the unclipped global gradient norm and the updated weights on every step.
 
 Name scopes make telemetry and forensics readable: build a loop's iteration ``k`` under an
