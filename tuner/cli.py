@@ -14,7 +14,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from tuner import masking
 from tuner.errors import TunerError
@@ -122,9 +122,21 @@ def add_check_model(sub: Any) -> None:
     p.add_argument("--steps", type=int, default=5, help="training steps to run (default 5)")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, whose usage errors are one line (``tuner: error: ...``, exit 2) instead of the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"tuner: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line, passwords masked."""
+    return masking.mask(" ".join(text.split()))
+
+
 def parser() -> argparse.ArgumentParser:
     """The whole command line."""
-    root = argparse.ArgumentParser(prog="python -m tuner", description=__doc__.splitlines()[0])
+    root = OneLineParser(prog="python -m tuner", description=__doc__.splitlines()[0])
     sub = root.add_subparsers(dest="command", required=True)
     add_launch(sub)
     add_report(sub)
@@ -158,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_check(args)
     except TunerError as exc:
-        print(f"tuner: error: {masking.mask(str(exc))}", file=sys.stderr)
+        print(f"tuner: error: {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("tuner: interrupted; run the same command again to continue the study", file=sys.stderr)

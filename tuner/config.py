@@ -30,7 +30,7 @@ SPACES_DIR = _spaces_dir()
 class LaunchConfig(BaseModel):
     """Everything one ``launch`` needs; unknown keys are rejected."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     model: str = "iterated_mlp"
     space: str | None = None
@@ -50,7 +50,7 @@ class LaunchConfig(BaseModel):
     num_cpus: int | None = Field(None, ge=1)
     num_gpus: int | None = Field(None, ge=0)
     sampler: Literal["tpe", "random"] = "tpe"
-    seed: int | None = 0
+    seed: int | None = Field(0, ge=0, le=2**32 - 1)  # numpy's seed range
     out: str = "best_config.yaml"
     allow_bad_data: bool = False
     live: bool | None = None
@@ -125,11 +125,13 @@ def read_yaml(path: str | Path, what: str) -> Any:
         ConfigError: the file cannot be read, or is not YAML (``what`` names it in the message).
     """
     try:
-        return yaml.safe_load(Path(path).read_text())
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: the {what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
 
 
 def _read_yaml(path: str) -> dict[str, Any]:

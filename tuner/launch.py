@@ -42,10 +42,8 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     from tuner.verify import Runner, verify_study
 
     prepare_environment()
-    check_targets(config)  # storage, tracking URI, --out, --space: before anything is created
+    model, space = prepare(config)
     liveness = Liveness(config.grace_period, say=_say)
-    model = load_model(config.model)
-    space = resolve_space(config, model)
     skip, skipped = run_preflight(config, model, space)  # before anything is started or created
     with ThreadPoolExecutor(1, thread_name_prefix="tuner-mlflow-connect") as pool:
         connecting = pool.submit(connect_tracking, config)  # MLflow's import and store, while Ray starts
@@ -103,6 +101,22 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             executor.close()
         else:
             closing.join()
+
+
+def prepare(config: LaunchConfig) -> tuple[Model, SearchSpace]:
+    """Every check of the launch's input that creates nothing: URLs and paths, model, search space.
+
+    Raises:
+        TunerError: one line naming the flag, file or key that is wrong.
+    """
+    from tuner.search import make_sampler
+
+    check_targets(config)  # storage, tracking URI, --out, --space
+    model = load_model(config.model)
+    space = resolve_space(config, model)
+    make_sampler(config.sampler, config.seed, len(space.searched()))  # numpy takes the seed
+    _derived = (cluster_config(config), verification_plan(config), config.threads)  # computed as launch will
+    return model, space
 
 
 def verification_plan(config: LaunchConfig) -> Any:

@@ -9,7 +9,8 @@ already made. Here each target is checked without creating anything, and a probl
   be a SQLite database) or the server accepts a connection with these credentials (5 s timeout);
 - an HTTP ``--tracking-uri``: the MLflow server answers its experiments API with these credentials;
 - ``--out``: its folder exists and is writable (the plots go beside it);
-- ``--space``: the file exists and is readable.
+- ``--space``: the file exists, is readable and is UTF-8 YAML (its content is checked by
+  ``tuner.spaces``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from tuner.config import LaunchConfig, redact
+from tuner.config import LaunchConfig, read_yaml, redact
 from tuner.errors import ConfigError
 from tuner.masking import mask
 
@@ -40,6 +41,7 @@ def check_targets(config: LaunchConfig) -> None:
     """
     if config.space:
         check_readable(config.space, "--space")
+        read_yaml(config.space, "search space")  # UTF-8 YAML, before the space is validated
     check_out(config.out)
     check_database(config.storage, "--storage")
     if config.tracking_uri and not config.no_tracking:
