@@ -7,6 +7,7 @@ elsewhere) that checks it.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,3 +82,52 @@ def two_launches(tmp_path: Path, storage: str, tracking: str, study: str, trials
 
 def test_fault_two_launches_on_one_sqlite_study_both_finish_none_failed(tmp_path: Path) -> None:
     two_launches(tmp_path, f"sqlite:///{tmp_path / 't.db'}", f"sqlite:///{tmp_path / 'm.db'}", "s1")
+
+
+def test_fault_ctrl_c_to_the_process_group_leaves_nothing_running_and_the_same_command_finishes(
+    tmp_path: Path,
+) -> None:
+    """SIGINT to the launch's whole process group (a terminal's Ctrl-C reaches Ray's processes too)."""
+    from mlflow.tracking import MlflowClient
+
+    args = ["launch", "--trials", "4", "--steps", "2000", "--seeds", "1", "--report-every", "100", *NO_VERIFY,
+            *_stores(tmp_path)]
+    storage = f"sqlite:///{tmp_path / 't.db'}"
+    log = tmp_path / "launch.log"
+    with log.open("w") as out:
+        driver = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=tmp_path, stdout=out,
+                                  stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                  start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not _running_after_one_finished(storage):
+        assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    os.killpg(driver.pid, signal.SIGINT)
+    assert driver.wait(timeout=60) == 130, log.read_text()[-3000:]
+    text = log.read_text()
+    assert "Traceback" not in text and "tuner: interrupted: study 's1' keeps its " in " ".join(text.split())
+    trials = optuna.load_study(study_name="s1", storage=storage).trials
+    assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    stopped = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert stopped and all(t.user_attrs["reason"] == "interrupted (Ctrl-C)" for t in stopped)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    experiment = client.get_experiment_by_name("s1").experiment_id
+    assert not [r.info.run_id for r in client.search_runs([experiment]) if r.info.status == "RUNNING"]
+
+    result = run_tuner(args, cwd=tmp_path, timeout=400)  # the same command finishes the study
+    assert result.returncode in FINISHED, result.stdout[-2000:] + result.stderr[-2000:]
+    trials = optuna.load_study(study_name="s1", storage=storage).trials
+    trained = [t for t in trials if t.state != optuna.trial.TrialState.FAIL]
+    assert len(trained) == 4 and all(t.state.is_finished() for t in trials)
+    assert len({tuple(sorted(t.params.items())) for t in trained}) == 4  # no config trained twice
+    reruns = {t.user_attrs.get("rerun_of") for t in trained} - {None}
+    assert reruns == {t.number for t in stopped}
+    assert not [r.info.run_id for r in client.search_runs([experiment]) if r.info.status == "RUNNING"]
+
+
+def _running_after_one_finished(storage: str) -> bool:
+    try:
+        states = [t.state for t in optuna.load_study(study_name="s1", storage=storage).trials]
+    except KeyError:
+        return False
+    return optuna.trial.TrialState.RUNNING in states and any(s.is_finished() for s in states)

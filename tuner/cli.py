@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from tuner import masking
-from tuner.errors import TunerError
+from tuner.errors import Interrupted, TunerError
 
 LAUNCH_FLAGS = (
     "model", "space", "trials", "steps", "seeds", "report_every", "study", "storage",
@@ -170,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_check(args)
     except TunerError as exc:
-        print(f"tuner: error: {one_line(str(exc))}", file=sys.stderr)
+        kind = "tuner:" if isinstance(exc, Interrupted) else "tuner: error:"
+        print(f"{kind} {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("tuner: interrupted; run the same command again to continue the study", file=sys.stderr)

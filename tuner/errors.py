@@ -38,3 +38,9 @@ class ClusterError(TunerError):
 
 class TrackingError(TunerError):
     """The MLflow tracking server cannot be reached."""
+
+
+class Interrupted(TunerError):
+    """Ctrl-C stopped a launch; the message says what the study kept and what will be rerun."""
+
+    exit_code = 130

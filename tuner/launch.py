@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from typing import Any
 from rich.console import Console
 
 from tuner.config import LaunchConfig, prepare_environment, redact
-from tuner.errors import ConfigError
+from tuner.errors import ConfigError, Interrupted
 from tuner.liveness import Liveness, counted
 from tuner.models import Model, load_model, runtime_env
 from tuner.spaces import SearchSpace, default_space, load_space
@@ -48,7 +49,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     with ThreadPoolExecutor(1, thread_name_prefix="tuner-mlflow-connect") as pool:
         connecting = pool.submit(connect_tracking, config)  # MLflow's import and store, while Ray starts
         executor = RayExecutor(cluster_config(config))  # on error, the pool waits for the connect
-    tracker, closing = None, None
+    tracker, closing, study = None, None, None
     try:
         tracker = make_tracker(config, connecting.result(), liveness.driver)
         if tracker and skip:
@@ -91,9 +92,10 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         if tracker:
             tracker.close("FINISHED", _study_summary(study), artifacts=(config.out, *plots))
         return doc
-    except BaseException:
-        if tracker:
-            tracker.close("FAILED", wait=5.0)
+    except BaseException as exc:
+        stopped = stop_launch(study, tracker, liveness, exc)
+        if isinstance(exc, KeyboardInterrupt):
+            raise Interrupted(_interrupted_message(study, stopped)) from None
         raise
     finally:
         liveness.stop()
@@ -101,6 +103,37 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             executor.close()
         else:
             closing.join()
+
+
+def stop_launch(study: Any, tracker: Any, liveness: Liveness, exc: BaseException) -> list[int]:
+    """Leave nothing RUNNING: this launch's trials in flight are told FAIL and queued again, their
+    MLflow runs and the launch run are closed (KILLED on Ctrl-C, else FAILED). Ctrl-C is ignored
+    meanwhile (a second one would leave half of it undone); it takes a few seconds at most.
+
+    Returns:
+        The numbers of the trials stopped mid-run.
+    """
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    if interrupted and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    reason = "interrupted (Ctrl-C)" if interrupted else f"the launch stopped: {type(exc).__name__}"
+    stopped = liveness.abandon(reason) if study is not None else []
+    if tracker is not None:
+        tracker.flush()
+        if study is not None:
+            tracker.close_orphans(study, liveness.live_drivers() - {liveness.driver})
+        tracker.close("KILLED" if interrupted else "FAILED", wait=5.0)
+    return stopped
+
+
+def _interrupted_message(study: Any, stopped: list[int]) -> str:
+    if study is None:
+        return "interrupted before the study was opened: nothing was trained"
+    kept = counted(study.get_trials(deepcopy=False))
+    rerun = (f"trial(s) {', '.join(map(str, stopped))} stopped mid-run: marked FAIL and queued again; "
+             if stopped else "")
+    return (f"interrupted: study {study.study_name!r} keeps its {kept} finished trial(s); {rerun}"
+            "run the same command to continue the study")
 
 
 def prepare(config: LaunchConfig) -> tuple[Model, SearchSpace]:

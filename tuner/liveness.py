@@ -105,6 +105,25 @@ class Liveness:
         with self._lock:
             return sorted(self._mine)
 
+    def abandon(self, reason: str) -> list[int]:
+        """Tell this driver's trials in flight FAIL (``reason``) and queue them again; their numbers.
+
+        For a launch that stops (Ctrl-C, an error): the next launch reruns them at once instead of
+        waiting out the grace period.
+        """
+        stopped = []
+        for number in self.mine():
+            trial = self.study._storage.get_trial(self._mine[number])
+            try:
+                self.study._storage.set_trial_user_attr(trial._trial_id, "reason", reason)
+                if self.study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
+                    self.study.enqueue_trial(trial.params, user_attrs={RERUN_OF: number}, skip_if_exists=False)
+                    stopped.append(number)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                pass  # told meanwhile (by another launch, as stale)
+            self.release(number)
+        return stopped
+
     def reap(self) -> list[int]:
         """Fail the stale trials of the study and queue their configs again; their numbers."""
         self._last_reap, self._reaped = time.monotonic(), []
