@@ -113,3 +113,33 @@ def test_forensics_finds_origin_of_real_iterated_mlp_divergence() -> None:
     assert final.status is RunStatus.DIVERGED and not found.note
     assert found.op is not None and found.op.startswith(f"iter_{found.iteration}/")
     assert found.kind is NonFiniteKind.FORWARD and found.layer == "recompute_input"
+
+
+def _noisy(noise: str, seed: int) -> object:
+    from noisy import Noisy
+
+    from tuner.train import train_run
+
+    model = Noisy()
+    spec = RunSpec(0, seed, "noisy", TrainConfig(1e-4, knobs={"noise": noise}), 500, 10)
+    final = list(train_run(model, model.data(spec.config.knobs), spec))[-1]
+    assert final.status is RunStatus.DIVERGED
+    return final
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_replay_redraws_noise_drawn_with_the_step_seed(seed: int) -> None:
+    """Noise keyed by tuner.models.step_seed() is drawn again exactly: the replay names the Log."""
+    final = _noisy("stateless", seed)
+    found = final.forensics
+    assert (found.op, found.kind, found.step) == ("hazard/Log", NonFiniteKind.FORWARD, final.step), found.note
+    assert final.step > 1  # a real replay from a snapshot, not the first step
+
+
+def test_replay_of_stateful_noise_says_how_to_make_it_exact() -> None:
+    """Stateful noise is drawn anew by the replay; when that misses the divergence, the note says
+    which op drew it and what to use instead."""
+    notes = [_noisy("stateful", seed).forensics.note for seed in (3, 4, 5)]
+    missed = [n for n in notes if n]
+    assert missed, "the replay redrew a divergence-causing draw on all 3 seeds (probability ~1/5000)"
+    assert all("noise/random_uniform/RandomUniform" in n and "step_seed()" in n for n in missed)

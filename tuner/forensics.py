@@ -95,10 +95,10 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
         with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as fresh:
             fresh.run(built.init)
             return replay(model, data, spec, snapshot, step, built, fresh)
-    load, feeds, checked = _tools(built)
+    load, feeds, checked, stateful = _tools(built)
 
     def feed(k: int) -> dict[Any, np.ndarray]:
-        return built.feed(spec.config, data.batch(k, spec.seed))
+        return built.feed(spec.config, data.batch(k, spec.seed), spec.seed, k)
 
     sess.run(load, {feeds[name]: value for name, value in snapshot.values().items()})
     for k in range(snapshot.step + 1, step):
@@ -111,6 +111,10 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
     ops = [op for op in built.graph.get_operations() if any(t.name in bad for t in op.outputs)]
     if not ops:
         note = f"the replay of step {step} stayed finite: the divergence did not reproduce"
+        if stateful:
+            note += (f"; the train step draws random numbers with stateful ops ({', '.join(stateful[:3])}), which "
+                     "the replay draws anew: draw them with tf.random.stateless_* and tuner.models.step_seed() "
+                     "to make the replay exact")
         return Forensics(step, replayed_from=snapshot.step, note=note)
     origin = next((op for op in ops if not any(t.name in bad for t in op.inputs)), ops[0])
     listed = tuple(op.name for op in ops[:LISTED])
@@ -153,16 +157,20 @@ def locate(name: str) -> tuple[str | None, int | None, str | None]:
     return (rest[0] if rest else None), iteration, forward_op
 
 
-_TOOLS: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, Any], list[Any]]] = weakref.WeakKeyDictionary()
+_TOOLS: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, Any], list[Any], list[str]]] = weakref.WeakKeyDictionary()
 
 
-def _tools(built: Built) -> tuple[Any, dict[str, Any], list[Any]]:
-    """The snapshot loader and the checked tensors of ``built``, made once per graph (a kept graph
-    serves many runs)."""
+def _tools(built: Built) -> tuple[Any, dict[str, Any], list[Any], list[str]]:
+    """The snapshot loader, the checked tensors and the stateful random ops of a train step of
+    ``built``, made once per graph (a kept graph serves many runs)."""
     if built.graph not in _TOOLS:
         with built.graph.as_default():
             load, feeds = _loader(built.state)
-            _TOOLS[built.graph] = (load, feeds, _checked_tensors(built.graph, built.train_fetches))
+            needed = _needed(built.train_fetches)
+            checked = [t for op in built.graph.get_operations() if op in needed
+                       for t in op.outputs if t.dtype.is_floating and built.graph.is_fetchable(t)]
+            stateful = [op.name for op, _ in built.random_ops if op in needed]
+            _TOOLS[built.graph] = (load, feeds, checked, stateful)
     return _TOOLS[built.graph]
 
 
@@ -176,8 +184,8 @@ def _loader(variables: Sequence[Any]) -> tuple[Any, dict[str, Any]]:
     return tf.group(*assigns), feeds
 
 
-def _checked_tensors(graph: Any, fetches: Sequence[Any]) -> list[Any]:
-    """The floating-point outputs of every op a train step runs, in graph order."""
+def _needed(fetches: Sequence[Any]) -> set[Any]:
+    """Every op that running ``fetches`` runs (their inputs and control inputs, transitively)."""
     needed: set[Any] = set()
     todo = [f.op for f in fetches]
     while todo:
@@ -186,10 +194,7 @@ def _checked_tensors(graph: Any, fetches: Sequence[Any]) -> list[Any]:
             needed.add(op)
             todo.extend(t.op for t in op.inputs)
             todo.extend(op.control_inputs)
-    return [
-        t for op in graph.get_operations() if op in needed
-        for t in op.outputs if t.dtype.is_floating and graph.is_fetchable(t)
-    ]
+    return needed
 
 
 def _apply_op(graph: Any, variable: Any) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tuner.models.base import Dataset, Model, ModelGraph
+from tuner.models.base import STEP_SEED, Dataset, Model, ModelGraph
 from tuner.records import DivergedOn, Forensics, RunRecord, RunSpec, RunStatus, TrainConfig
 from tuner.telemetry import Telemetry
 
@@ -120,11 +120,16 @@ class Built:
     init: Any  # the initializer of every global variable
     seed: int  # the graph-level seed its random ops now carry (see reseed)
     random_ops: list[tuple[Any, int]] = field(default_factory=list)  # (op, its op seed): every random op
+    step_seed: Any = None  # the model's step_seed() placeholder, if it made one
     reusable: bool = True  # its random ops' seeds follow TensorFlow's rule, so reseed gives a fresh build's
 
-    def feed(self, config: TrainConfig, arrays: Sequence[np.ndarray]) -> dict[Any, Any]:
-        """A feed dict: the model's placeholders from ``arrays``, tuner's knobs from ``config``."""
-        return {**self.hyper.feed(config), **dict(zip(self.model.inputs, arrays, strict=True))}
+    def feed(self, config: TrainConfig, arrays: Sequence[np.ndarray], seed: int = 0, step: int = 0) -> dict[Any, Any]:
+        """A feed dict: the model's placeholders from ``arrays``, tuner's knobs from ``config``, and
+        the model's :func:`~tuner.models.base.step_seed` (if it made one) from ``seed`` and ``step``."""
+        feed = {**self.hyper.feed(config), **dict(zip(self.model.inputs, arrays, strict=True))}
+        if self.step_seed is not None:
+            feed[self.step_seed] = np.array([seed % MAXINT32, step], np.int32)
+        return feed
 
 
 def _never() -> bool:
@@ -203,8 +208,12 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
         graph.stop_checks()  # the run's cancel flag is not asked again by ops made later in this graph
     fetches = (weights_ok, mg.loss, grad_norm)
     random_ops, reusable = _random_ops(graph, seed)
+    try:
+        step_seed = graph.get_tensor_by_name(STEP_SEED + ":0")
+    except KeyError:
+        step_seed = None
     return Built(graph, mg, fetches, val_loss, report_names, report_values, state, reader, hyper, clipped, init,
-                 seed, random_ops, reusable)
+                 seed, random_ops=random_ops, reusable=reusable, step_seed=step_seed)
 
 
 def _random_ops(graph: Any, seed: int) -> tuple[list[tuple[Any, int]], bool]:
@@ -512,15 +521,19 @@ class Stepper:
     def __init__(self, sess: Any, built: Built, data: Dataset, spec: RunSpec) -> None:
         self.sess, self.built, self.data, self.spec = sess, built, data, spec
         self._hyper = built.hyper.feed(spec.config)
+        self._step_seed = built.step_seed
         self.telemetry = Telemetry(spec.config.clip_norm)
         names = [v.name for v in built.state]
         initial = tuple(np.array(x, copy=True) for x in sess.run(built.state))
         self.snapshot = Snapshot(0, initial, lambda raw: dict(zip(names, raw, strict=True)))
         self.metrics: dict[str, float] = {}
 
-    def feed_arrays(self, arrays: Sequence[np.ndarray]) -> dict[Any, Any]:
-        """A feed dict of the model's placeholders and tuner's knobs."""
-        return {**self._hyper, **dict(zip(self.built.model.inputs, arrays, strict=True))}
+    def feed_arrays(self, arrays: Sequence[np.ndarray], step: int = 0) -> dict[Any, Any]:
+        """A feed dict of the model's placeholders and tuner's knobs (and its step seed at ``step``)."""
+        feed = {**self._hyper, **dict(zip(self.built.model.inputs, arrays, strict=True))}
+        if self._step_seed is not None:
+            feed[self._step_seed] = np.array([self.spec.seed % MAXINT32, step], np.int32)
+        return feed
 
     def is_report(self, step: int) -> bool:
         """Whether ``step`` is a report step."""
@@ -528,7 +541,7 @@ class Stepper:
 
     def step(self, step: int) -> DivergedOn | None:
         """Run train step ``step``; return what went non-finite first, or None."""
-        feed = self.feed_arrays(self.data.batch(step, self.spec.seed))
+        feed = self.feed_arrays(self.data.batch(step, self.spec.seed), step)
         report = self.is_report(step)
         extra = () if self.built.clipped is None else (self.built.clipped,)
         if report:

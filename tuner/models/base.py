@@ -173,6 +173,30 @@ class Dataset:
         return order[pos * self.batch_size : (pos + 1) * self.batch_size]
 
 
+STEP_SEED = "tuner_step_seed"  # the placeholder step_seed() makes; tuner.train feeds it when it exists
+
+
+def step_seed() -> Any:
+    """A seed for ``tf.random.stateless_*`` ops inside ``build``: ``[run seed, step]``, fed by tuner.
+
+    Noise drawn with it (dropout masks, injected noise, a GAN's latent vector) is a function of the
+    run's seed and the step alone, so the forensics replay of a divergence step draws exactly the
+    noise that training drew, and can name the op that went non-finite first; noise from stateful
+    ops (``tf.random.uniform``, ``tf.nn.dropout`` without a seed tensor) is drawn anew by the replay.
+    Validation passes get step 0. Every call in one graph returns the same int32 ``[2]`` placeholder::
+
+        noise = tf.random.stateless_normal(tf.shape(x), seed=step_seed(), stddev=0.1)
+    """
+    import tensorflow as tf
+
+    graph = tf.compat.v1.get_default_graph()
+    try:
+        return graph.get_tensor_by_name(STEP_SEED + ":0")
+    except KeyError:
+        with graph.name_scope(None):  # None: the top-level scope
+            return tf.compat.v1.placeholder(tf.int32, [2], name=STEP_SEED)
+
+
 @functools.lru_cache(maxsize=8)
 def _epoch_order(seed: int, epoch: int, size: int) -> np.ndarray:
     """The sample order of one epoch of ``seed`` (made once per epoch: ~0.2 ms, a tenth of a step)."""
