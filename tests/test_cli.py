@@ -161,3 +161,13 @@ def test_parser_grace_period_flag_and_its_bounds() -> None:
     assert config.grace_period == 5 and LaunchConfig().grace_period == 30
     with pytest.raises(ConfigError, match="grace_period: Input should be greater than or equal to 2"):
         load_launch(launch_flags(parser().parse_args(["launch", "--grace-period", "1"])))
+
+
+def test_parser_placement_timeout_flag_and_its_bounds() -> None:
+    from tuner.config import load_launch
+    from tuner.errors import ConfigError
+
+    config = load_launch(launch_flags(parser().parse_args(["launch", "--placement-timeout", "7.5"])))
+    assert config.placement_timeout == 7.5 and LaunchConfig().placement_timeout == 120.0
+    with pytest.raises(ConfigError, match="placement_timeout: Input should be greater than or equal to 1"):
+        load_launch(launch_flags(parser().parse_args(["launch", "--placement-timeout", "0.5"])))

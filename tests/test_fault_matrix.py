@@ -56,7 +56,7 @@ def two_launches(tmp_path: Path, storage: str, tracking: str, study: str, trials
     procs, logs = [], []
     for i in range(2):
         logs.append(tmp_path / f"launch{i}.log")
-        args = ["launch", "--trials", str(trials), "--steps", "1500", "--seeds", "1", "--report-every", "100",
+        args = ["launch", "--trials", str(trials), "--steps", "1000", "--seeds", "1", "--report-every", "100",
                 *NO_VERIFY, "--storage", storage, "--tracking-uri", tracking, "--study", study,
                 "--out", str(tmp_path / f"best{i}.yaml"), "--num-cpus", "1", "--no-live"]
         with logs[i].open("w") as log:
@@ -90,7 +90,7 @@ def test_fault_ctrl_c_to_the_process_group_leaves_nothing_running_and_the_same_c
     """SIGINT to the launch's whole process group (a terminal's Ctrl-C reaches Ray's processes too)."""
     from mlflow.tracking import MlflowClient
 
-    args = ["launch", "--trials", "4", "--steps", "2000", "--seeds", "1", "--report-every", "100", *NO_VERIFY,
+    args = ["launch", "--trials", "3", "--steps", "1500", "--seeds", "1", "--report-every", "100", *NO_VERIFY,
             *_stores(tmp_path)]
     storage = f"sqlite:///{tmp_path / 't.db'}"
     log = tmp_path / "launch.log"
@@ -118,8 +118,8 @@ def test_fault_ctrl_c_to_the_process_group_leaves_nothing_running_and_the_same_c
     assert result.returncode in FINISHED, result.stdout[-2000:] + result.stderr[-2000:]
     trials = optuna.load_study(study_name="s1", storage=storage).trials
     trained = [t for t in trials if t.state != optuna.trial.TrialState.FAIL]
-    assert len(trained) == 4 and all(t.state.is_finished() for t in trials)
-    assert len({tuple(sorted(t.params.items())) for t in trained}) == 4  # no config trained twice
+    assert len(trained) == 3 and all(t.state.is_finished() for t in trials)
+    assert len({tuple(sorted(t.params.items())) for t in trained}) == 3  # no config trained twice
     reruns = {t.user_attrs.get("rerun_of") for t in trained} - {None}
     assert reruns == {t.number for t in stopped}
     assert not [r.info.run_id for r in client.search_runs([experiment]) if r.info.status == "RUNNING"]
@@ -131,3 +131,84 @@ def _running_after_one_finished(storage: str) -> bool:
     except KeyError:
         return False
     return optuna.trial.TrialState.RUNNING in states and any(s.is_finished() for s in states)
+
+
+def test_fault_embedded_node_lost_mid_study_restarts_the_cluster_and_finishes(tmp_path: Path) -> None:
+    """The embedded node's raylet and workers killed (an out-of-memory kill): a fresh cluster within
+    --placement-timeout, the study finishes, nothing RUNNING, no traceback, within 3 minutes."""
+    args = ["launch", "--trials", "3", "--steps", "1500", "--seeds", "1", "--report-every", "100", *NO_VERIFY,
+            "--placement-timeout", "3", *_stores(tmp_path)]
+    storage = f"sqlite:///{tmp_path / 't.db'}"
+    log = tmp_path / "launch.log"
+    with log.open("w") as out:
+        driver = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=tmp_path, stdout=out,
+                                  stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                  start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not _running_after_one_finished(storage):
+        assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    processes = subprocess.run(["ps", "-s", str(driver.pid), "-o", "pid=,comm=,args="], capture_output=True,
+                               text=True, check=True).stdout.splitlines()
+    victims = [int(p.split()[0]) for p in processes if p.split()[1] == "raylet" or "TrialWorker" in p]
+    assert victims, processes
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    try:
+        assert driver.wait(timeout=180) in FINISHED, log.read_text()[-3000:]
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    assert time.monotonic() - killed < 180
+    text = log.read_text()
+    assert "restarting the embedded Ray cluster" in " ".join(text.split()) and "Traceback" not in text
+    trials = optuna.load_study(study_name="s1", storage=storage).trials
+    assert len(trials) == 3 and all(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+
+
+@pytest.mark.cluster
+def test_fault_joined_cluster_loses_its_only_worker_node_stops_with_one_line(tmp_path: Path) -> None:
+    """--address: the only node with CPUs killed mid-study; after --placement-timeout the launch
+    stops with one line and exit 5, its trials FAIL and queued again, nothing RUNNING."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.cluster import kill_group, start_cluster
+
+    nodes = start_cluster(head_cpus=0, workers=1, worker_cpus=2)
+    try:
+        args = ["launch", "--address", nodes.address, "--trials", "3", "--steps", "100000", "--seeds", "1",
+                "--report-every", "100", *NO_VERIFY, "--placement-timeout", "3", *_stores(tmp_path)]
+        storage = f"sqlite:///{tmp_path / 't.db'}"
+        log = tmp_path / "launch.log"
+        with log.open("w") as out:
+            driver = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=tmp_path, stdout=out,
+                                      stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        deadline = time.monotonic() + 240
+        while not _running_steps(storage):
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        kill_group(nodes.workers[0])
+        assert driver.wait(timeout=120) == 5, log.read_text()[-3000:]
+    finally:
+        nodes.stop()
+    text = log.read_text()
+    errors = [line for line in text.splitlines() if line.startswith("tuner: error:")]
+    assert len(errors) == 1 and "could host a seed run for 3 s" in errors[0] and "Traceback" not in text
+    assert "no alive Ray node can host a seed run" in " ".join(text.split())
+    trials = optuna.load_study(study_name="s1", storage=storage).trials
+    assert not [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    stopped = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    assert stopped and all("CapacityLost" in t.user_attrs["reason"] for t in stopped)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    experiment = client.get_experiment_by_name("s1").experiment_id
+    assert not [r.info.run_id for r in client.search_runs([experiment]) if r.info.status == "RUNNING"]
+
+
+def _running_steps(storage: str) -> bool:
+    """A trial is RUNNING and has reported a step (its run is training on the worker node)."""
+    try:
+        trials = optuna.load_study(study_name="s1", storage=storage).trials
+    except KeyError:
+        return False
+    return any(t.state == optuna.trial.TrialState.RUNNING and t.intermediate_values for t in trials)

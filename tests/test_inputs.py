@@ -28,7 +28,7 @@ from tuner.launch import prepare
 from tuner.models import load_model
 from tuner.spaces import TUNER_KNOBS, load_space
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 KNOBS = load_model("iterated_mlp").knobs
 
 scalars = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(10**30), max_value=10**30)
@@ -130,7 +130,7 @@ edge_pairs = st.sampled_from([(option, value) for option in options for value in
 flags = st.lists(edge_pairs | edge_pairs | st.tuples(st.sampled_from(options), flag_values), min_size=1, max_size=2)
 
 
-@settings(SETTINGS, max_examples=400)
+@settings(SETTINGS, max_examples=250)
 @given(pairs=flags)
 def test_launch_flags_exit_2_with_one_line_or_pass(
     pairs: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -25,7 +25,7 @@ LAUNCH_FLAGS = (
     "max_concurrent", "max_retries", "num_cpus", "num_gpus", "sampler", "seed", "out",
     "allow_bad_data", "live", "race_seeds", "verify_seeds", "verify_steps", "min_survival",
     "verify_candidates", "margin", "pruner", "graph_reuse",
-    "grace_period",
+    "grace_period", "placement_timeout",
 )
 
 
@@ -74,6 +74,9 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--grace-period", type=int,
                    help="seconds without a heartbeat after which another launch's trial counts as stopped and "
                         "is run again; launches on one study share it (default 30)")
+    p.add_argument("--placement-timeout", type=float,
+                   help="seconds runs may wait with no alive node able to host them: then the embedded cluster is "
+                        "restarted, or with --address the launch stops (exit 5) (default 120)")
     p.add_argument("--margin", action=argparse.BooleanOptionalAction, default=None,
                    help="measure the winner's learning-rate margin (x1.5, 2, 3, 5) on the verification seeds "
                         "(default: on)")

@@ -62,6 +62,7 @@ class LaunchConfig(BaseModel):
     margin: bool = True
     pruner: Literal["none", "median"] = "none"
     grace_period: int = Field(30, ge=2, le=86400)
+    placement_timeout: float = Field(120.0, ge=1.0, le=86400.0)
     graph_reuse: bool = True
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
+from tuner.capacity import Watched
 from tuner.config import LaunchConfig, prepare_environment, redact
 from tuner.errors import ConfigError, Interrupted
 from tuner.liveness import Liveness, counted
@@ -48,7 +49,8 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     skip, skipped = run_preflight(config, model, space)  # before anything is started or created
     with ThreadPoolExecutor(1, thread_name_prefix="tuner-mlflow-connect") as pool:
         connecting = pool.submit(connect_tracking, config)  # MLflow's import and store, while Ray starts
-        executor = RayExecutor(cluster_config(config))  # on error, the pool waits for the connect
+        executor = Watched(lambda: RayExecutor(cluster_config(config)), config.address, config.placement_timeout,
+                           say=_say)  # on error, the pool waits for the connect
     tracker, closing, study = None, None, None
     try:
         tracker = make_tracker(config, connecting.result(), liveness.driver)
@@ -69,7 +71,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             run_id = tracker.run_id if tracker else None
             search = Search(study, space, config.model, executor, budget, callbacks, run_id, skip=skip,
                             stream=stream, liveness=liveness)
-            liveness.say = view.say
+            liveness.say = executor.say = view.say
             search.run(todo)
             liveness.say = _say
             runner = Runner(executor, config.model, callbacks, config.report_every, config.threads, skip)
