@@ -49,7 +49,7 @@ def main() -> None:
     data = model.data(knobs)
     built = build(model, config, seed=0)
     with tf.compat.v1.Session(graph=built.graph, config=session_config(1, gpu=False)) as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
+        built.start(sess, config)
         stepper = Stepper(sess, built, data, spec)
         steps = {"bare": 0, "telemetry": 0}
 

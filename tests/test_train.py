@@ -125,8 +125,8 @@ def test_build_adds_l2_over_kernels_only() -> None:
     for config in (base, with_l2):
         built = build(model, config, 0)
         with tf.compat.v1.Session(graph=built.graph) as sess:
-            sess.run(built.init)
-            _, _, gnorm = sess.run(built.train_fetches, built.feed(config, data.batch(1, 0)))
+            built.start(sess, config)
+            _, _, gnorm = sess.run(built.train_fetches, built.feed(data.batch(1, 0)))
             values.append(gnorm)
     # each of the 12 kernel entries has data gradient -0.4; the L2 term adds 0.5 * w = 0.05
     assert values[0] == pytest.approx(0.4 * 12**0.5, rel=1e-5)
@@ -233,11 +233,11 @@ def _one_step_weight(config: TrainConfig, steps: int = 1) -> tuple[float, bool]:
     built = build(model, config, 0)
     data = model.data(config.knobs)
     with tf.compat.v1.Session(graph=built.graph) as sess:
-        sess.run(built.init)
+        built.start(sess, config)
         clipped = False
         for step in range(1, steps + 1):
             extra = () if built.clipped is None else (built.clipped,)
-            out = sess.run(built.train_fetches + extra, built.feed(config, data.batch(step, 0)))
+            out = sess.run(built.train_fetches + extra, built.feed(data.batch(step, 0)))
             clipped = bool(out[3]) if extra else False
         (w,) = [v for v in built.state if v.name == "w:0"]
         return float(sess.run(w)[0, 0]), clipped

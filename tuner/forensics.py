@@ -93,12 +93,12 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
     if built is None or sess is None:
         built = build(model, spec.config, spec.seed)
         with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as fresh:
-            fresh.run(built.init)
+            built.start(fresh, spec.config)
             return replay(model, data, spec, snapshot, step, built, fresh)
     load, feeds, checked, stateful = _tools(built)
 
     def feed(k: int) -> dict[Any, np.ndarray]:
-        return built.feed(spec.config, data.batch(k, spec.seed), spec.seed, k)
+        return built.feed(data.batch(k, spec.seed), spec.seed, k)
 
     sess.run(load, {feeds[name]: value for name, value in snapshot.values().items()})
     for k in range(snapshot.step + 1, step):

@@ -18,7 +18,9 @@ and the build (about half of a 600-step run at ``max_iter`` 10) is paid once per
 
 from __future__ import annotations
 
+import contextlib
 import math
+import random
 import re
 import time
 from collections import OrderedDict
@@ -49,42 +51,46 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
 
 
 class Hyper:
-    """Placeholders of tuner's own knobs, fed on every run: the graph does not depend on them
-    (the optimizer and the clip mode, which do, are part of the graph's key).
+    """Tuner's own knobs as one variable that each run sets (:meth:`set`) before its first step:
+    the graph does not depend on them (the optimizer and the clip mode, which do, key the graph).
 
-    Each is used so that its "off" value gives exactly the arithmetic of a graph without it: L2
-    weight 0 adds ``0 * sum`` (+0.0), clipping off scales the gradients by 1.0, decay 1.0 gives
-    ``lr * 1.0``.
+    A variable, not placeholders: feeding 8 scalars costs ~0.1 ms a step (a tenth of a small
+    model's step), one assign per run costs nothing. It is in no collection, so neither the
+    initializer nor the snapshot of the state touches it. Each knob is used so that its "off" value
+    gives exactly the arithmetic of a graph without it: L2 weight 0 adds ``0 * sum`` (+0.0),
+    clipping off scales the gradients by 1.0, decay 1.0 gives ``lr * 1.0``.
     """
+
+    NAMES = ("learning_rate", "lr_decay", "clip_norm", "clip_on", "l2_weight", "momentum", "rho", "epsilon")
 
     def __init__(self) -> None:
         with tf.name_scope("hyper"):
-            self.learning_rate = tf1.placeholder(tf.float32, [], name="learning_rate")
-            self.lr_decay = tf1.placeholder(tf.float32, [], name="lr_decay")
-            self.clip_norm = tf1.placeholder(tf.float32, [], name="clip_norm")
-            self.clip_on = tf1.placeholder(tf.bool, [], name="clip_on")
-            self.l2_weight = tf1.placeholder(tf.float32, [], name="l2_weight")
-            self.momentum = tf1.placeholder(tf.float32, [], name="momentum")
-            self.rho = tf1.placeholder(tf.float32, [], name="rho")
-            self.epsilon = tf1.placeholder(tf.float32, [], name="optimizer_epsilon")
+            self._values = tf1.placeholder(tf.float32, [len(self.NAMES)], name="values")
+            var = tf1.Variable(tf.zeros([len(self.NAMES)]), trainable=False, collections=[], name="tuner_hyper")
+            self.assign = var.assign(self._values)
+            read = dict(zip(self.NAMES, tf.unstack(var.value()), strict=True))
+        self.learning_rate, self.lr_decay, self.clip_norm = read["learning_rate"], read["lr_decay"], read["clip_norm"]
+        self.clip_on = read["clip_on"] > 0.5
+        self.l2_weight, self.momentum, self.rho, self.epsilon = (
+            read["l2_weight"], read["momentum"], read["rho"], read["epsilon"])
 
-    def feed(self, config: TrainConfig) -> dict[Any, Any]:
-        """The values of ``config`` for these placeholders."""
+    def values(self, config: TrainConfig) -> list[float]:
+        """The values of ``config``, in the order of :attr:`NAMES` (null optimizer knobs: TF's defaults)."""
         defaults = OPTIMIZER_DEFAULTS[config.optimizer]
 
         def value(name: str, given: float | None) -> float:
             return given if given is not None else defaults.get(name, 0.0)
 
-        return {
-            self.learning_rate: config.learning_rate,
-            self.lr_decay: config.lr_decay,
-            self.clip_norm: config.clip_norm if config.clip_norm is not None else 1.0,
-            self.clip_on: config.clip_norm is not None,
-            self.l2_weight: config.l2_weight,
-            self.momentum: value("momentum", config.momentum),
-            self.rho: value("rho", config.rho),
-            self.epsilon: value("epsilon", config.optimizer_epsilon),
-        }
+        return [
+            config.learning_rate, config.lr_decay,
+            config.clip_norm if config.clip_norm is not None else 1.0, float(config.clip_norm is not None),
+            config.l2_weight, value("momentum", config.momentum), value("rho", config.rho),
+            value("epsilon", config.optimizer_epsilon),
+        ]
+
+    def set(self, sess: Any, config: TrainConfig) -> None:
+        """Give the knobs ``config``'s values in ``sess``."""
+        sess.run(self.assign, {self._values: np.asarray(self.values(config), np.float32)})
 
 
 def make_optimizer(name: str, hyper: Hyper, learning_rate: Any) -> Any:
@@ -123,10 +129,15 @@ class Built:
     step_seed: Any = None  # the model's step_seed() placeholder, if it made one
     reusable: bool = True  # its random ops' seeds follow TensorFlow's rule, so reseed gives a fresh build's
 
-    def feed(self, config: TrainConfig, arrays: Sequence[np.ndarray], seed: int = 0, step: int = 0) -> dict[Any, Any]:
-        """A feed dict: the model's placeholders from ``arrays``, tuner's knobs from ``config``, and
-        the model's :func:`~tuner.models.base.step_seed` (if it made one) from ``seed`` and ``step``."""
-        feed = {**self.hyper.feed(config), **dict(zip(self.model.inputs, arrays, strict=True))}
+    def start(self, sess: Any, config: TrainConfig) -> None:
+        """Initialise every variable in ``sess`` and set tuner's knobs to ``config``'s."""
+        sess.run(self.init)
+        self.hyper.set(sess, config)
+
+    def feed(self, arrays: Sequence[np.ndarray], seed: int = 0, step: int = 0) -> dict[Any, Any]:
+        """A feed dict: the model's placeholders from ``arrays``, and the model's
+        :func:`~tuner.models.base.step_seed` (if it made one) from ``seed`` and ``step``."""
+        feed: dict[Any, Any] = dict(zip(self.model.inputs, arrays, strict=True))
         if self.step_seed is not None:
             feed[self.step_seed] = np.array([seed % MAXINT32, step], np.int32)
         return feed
@@ -181,7 +192,8 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
     graph = tf.Graph() if should_stop is None else StoppableGraph(should_stop)
     with graph.as_default():
         tf1.set_random_seed(seed)
-        mg = model.build(config.knobs)
+        with _python_seeded(seed):
+            mg = model.build(config.knobs)
         _check_scalar(mg.loss, "loss")
         hyper = Hyper()
         variables = tf1.trainable_variables()
@@ -216,26 +228,49 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
                  seed, random_ops=random_ops, reusable=reusable, step_seed=step_seed)
 
 
+@contextlib.contextmanager
+def _python_seeded(seed: int) -> Iterator[None]:
+    """Python's and numpy's global random state seeded from the run's seed while a model is built.
+
+    Keras's initializers without a seed (``tf.compat.v1.layers.dense``'s Glorot) draw theirs from
+    ``random.randint``, not from the graph seed: seeded here, a build is a function of the run's
+    seed, as with TF's own initializers. The states are restored afterwards.
+    """
+    state, np_state = random.getstate(), np.random.get_state()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    try:
+        yield
+    finally:
+        random.setstate(state)
+        np.random.set_state(np_state)
+
+
 def _random_ops(graph: Any, seed: int) -> tuple[list[tuple[Any, int]], bool]:
     """The ops with ``seed`` and ``seed2`` attributes with their op seeds, and whether :func:`reseed` may reseed them.
 
     With a graph seed ``g`` set, TensorFlow gives a random op the attributes ``(g, k)``
     (``random_seed.get_seed``): ``k`` is the op's own seed, or else a per-graph counter, so it
     does not depend on ``g``; ``(0, 0)`` alone becomes ``(0, 2**31-1)``. An op whose ``seed`` is not
-    ``g`` (made with raw seeds), or one that takes its seeds as inputs (``tf.data``'s shuffle),
-    makes a graph that is always built afresh.
+    ``g`` (made with raw seeds), one that takes its seeds as inputs (``tf.data``'s shuffle), or a
+    stateless random op seeded by a constant (Keras's initializers, seeded from Python's
+    ``random``, see :func:`_python_seeded`; not one seeded by ``step_seed()``) makes a graph that is
+    always built afresh.
     """
-    has_seed: dict[str, tuple[bool, bool]] = {}  # op type -> (seed attributes, seed inputs)
+    has_seed: dict[str, tuple[bool, bool, int | None]] = {}  # op type -> (seed attrs, seed2 input, seed input)
     found: list[tuple[Any, int]] = []
     graph_seed = seed % MAXINT32
     reusable = True
     for op in graph.get_operations():
         if op.type not in has_seed:
             attrs = {a.name for a in op.op_def.attr}
-            inputs = {a.name for a in op.op_def.input_arg}
-            has_seed[op.type] = ({"seed", "seed2"} <= attrs, "seed2" in inputs)
-        attr, seed_input = has_seed[op.type]
-        reusable = reusable and not seed_input
+            inputs = [a.name for a in op.op_def.input_arg]
+            seed_at = inputs.index("seed") if "seed" in inputs and op.type.startswith("Stateless") else None
+            has_seed[op.type] = ({"seed", "seed2"} <= attrs, "seed2" in inputs, seed_at)
+        attr, seed2_input, seed_at = has_seed[op.type]
+        reusable = reusable and not seed2_input
+        if seed_at is not None and op.inputs[seed_at].op.type == "Const":
+            reusable = False
         if attr:
             op_seed = op.get_attr("seed2")
             if graph_seed == 0 and op_seed == MAXINT32:
@@ -458,7 +493,7 @@ def train_run(
     info["graph"] = "reused" if reused else "built"
     info["graph_seconds"] = time.perf_counter() - started
     with tf1.Session(graph=built.graph, config=session_config(spec.threads, gpu=True)) as sess:
-        sess.run(built.init)
+        built.start(sess, spec.config)
         stepper = Stepper(sess, built, data, spec)
         telemetry = stepper.telemetry
         if should_stop():  # cancelled between the build's last check and here
@@ -520,7 +555,6 @@ class Stepper:
 
     def __init__(self, sess: Any, built: Built, data: Dataset, spec: RunSpec) -> None:
         self.sess, self.built, self.data, self.spec = sess, built, data, spec
-        self._hyper = built.hyper.feed(spec.config)
         self._step_seed = built.step_seed
         self.telemetry = Telemetry(spec.config.clip_norm)
         names = [v.name for v in built.state]
@@ -530,7 +564,7 @@ class Stepper:
 
     def feed_arrays(self, arrays: Sequence[np.ndarray], step: int = 0) -> dict[Any, Any]:
         """A feed dict of the model's placeholders and tuner's knobs (and its step seed at ``step``)."""
-        feed = {**self._hyper, **dict(zip(self.built.model.inputs, arrays, strict=True))}
+        feed: dict[Any, Any] = dict(zip(self.built.model.inputs, arrays, strict=True))
         if self._step_seed is not None:
             feed[self._step_seed] = np.array([self.spec.seed % MAXINT32, step], np.int32)
         return feed
