@@ -34,7 +34,6 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 MODEL = "iterated_mlp"
 QUIET_LOAD = 0.5  # 1-minute load average under which a machine counts as quiet
-TUNER_KNOB_NAMES = ("learning_rate", "clip_norm", "l2_weight", "lr_decay")
 
 
 def machine() -> dict[str, str]:
@@ -45,7 +44,7 @@ def machine() -> dict[str, str]:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    versions = {name: _version(name) for name in ("tensorflow-cpu", "ray", "optuna", "mlflow")}
+    versions = {name: _version(name) for name in ("tensorflow", "ray", "optuna", "mlflow")}
     return {
         "cpu": f"{cpu}, {os.cpu_count()} cores",
         "python": platform.python_version(),
