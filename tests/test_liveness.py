@@ -21,6 +21,7 @@ LR = {"learning_rate": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=Tr
 RUNNING = optuna.trial.TrialState.RUNNING
 
 
+@pytest.mark.slow
 def test_repair_fails_only_the_dead_drivers_trials_and_runs(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -98,18 +99,22 @@ def test_resumed_study_interrupted_during_random_startup_never_replays_a_config(
     assert tuple(sorted(replayed.params.items())) == configs[0]
 
 
-def test_duplicate_config_is_failed_untrained_and_not_counted(tmp_path: Path) -> None:
-    """A space of two configs asked for four trials: two are trained, the repeats are told FAIL."""
-    search = _search(tmp_path, 4, {"width": {"choices": [3, 5]}, "learning_rate": 1e-3})
-    search.run()
-    search.liveness.stop()  # type: ignore[union-attr]
-    trials = search.study.get_trials()
-    trained = [t for t in trials if DUPLICATE_OF not in t.user_attrs]
-    assert sorted(t.params["width"] for t in trained) == [3, 5]
-    assert all(t.state.is_finished() for t in trials) and counted(trials) == 2
+def test_config_an_earlier_launch_trained_is_failed_untrained_and_not_counted(tmp_path: Path) -> None:
+    """A space of two configs: launch 1 trains both; launch 2 asked for four trains none of them again."""
+    params = {"width": {"choices": [3, 5]}, "learning_rate": 1e-3}
+    first = _search(tmp_path, 2, params)
+    for width in (3, 5):
+        first.study.enqueue_trial({"width": width})
+    first.run()
+    first.liveness.stop()  # type: ignore[union-attr]
+    second = _search(tmp_path, 4, params)
+    second.run()
+    second.liveness.stop()  # type: ignore[union-attr]
+    trials = second.study.get_trials()
+    assert second.executor.submitted == [] and second.duplicates == 20  # type: ignore[attr-defined]
     repeats = [t for t in trials if DUPLICATE_OF in t.user_attrs]
-    assert repeats and all(t.state == optuna.trial.TrialState.FAIL for t in repeats)
-    assert len(search.executor.submitted) == 4  # type: ignore[attr-defined]  # 2 trials x 2 seeds
+    assert len(repeats) == 20 and all(t.state == optuna.trial.TrialState.FAIL for t in repeats)
+    assert all(t.state.is_finished() for t in trials) and counted(trials) == 2
 
 
 @pytest.mark.parametrize("held", [1, 3])

@@ -248,8 +248,9 @@ def make_tracker(config: LaunchConfig, client: Any, driver: str | None = None) -
 def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | None = None) -> Any:
     """Create the study, or load it to continue (same name and storage), on a storage with heartbeats.
 
-    A continued study's sampler is seeded from ``--seed`` and the number of trials it holds, so
-    that it does not replay the random start-up sequence of the launches before it.
+    A continued study's sampler (or that of a second launch on a study another one created) is
+    seeded from ``--seed`` and the number of trials the study holds, so that it does not replay
+    the random start-up sequence of the launches before it.
     """
     import optuna
 
@@ -259,6 +260,7 @@ def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | No
     searched = len(space.searched())
     try:
         storage = (liveness or Liveness(config.grace_period)).storage(config.storage)
+        existed = config.study_name in optuna.study.get_all_study_names(storage)
         study = optuna.create_study(
             study_name=config.study_name, storage=storage, sampler=make_sampler(config.sampler, config.seed, searched),
             pruner=make_pruner(config.pruner), direction="minimize", load_if_exists=True,
@@ -267,8 +269,8 @@ def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | No
         raise ConfigError(
             f"--storage {redact(config.storage)}: cannot open the Optuna storage: {str(exc).splitlines()[0]}"
         ) from exc
-    held = len(study.get_trials(deepcopy=False))
-    if held and config.seed is not None:
+    if existed and config.seed is not None:  # a continued study, or one another launch is running
+        held = len(study.get_trials(deepcopy=False))
         study.sampler = make_sampler(config.sampler, resumed_seed(config.seed, held), searched)
     return study
 

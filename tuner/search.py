@@ -34,7 +34,7 @@ from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfi
 from tuner.spaces import SearchSpace
 
 log = logging.getLogger(__name__)
-_MAX_DUPLICATES = 50  # duplicates asked in one launch after which the space counts as exhausted
+_MAX_DUPLICATES = 20  # duplicates asked in one launch after which the space counts as exhausted
 _OPTUNA_STATE = {
     TrialState.COMPLETE: optuna.trial.TrialState.COMPLETE,
     TrialState.PRUNED: optuna.trial.TrialState.PRUNED,
@@ -167,6 +167,9 @@ class Search:
         self.compute = Compute()
         # trial number -> (seeds survived, validation loss) of every trial that survived and learned
         self._standing: dict[int, tuple[int, float]] = standing(study)
+        # trial number -> params of the configs earlier launches trained: never trained again
+        self._held = {t.number: t.params for t in study.get_trials(deepcopy=False)
+                      if t.state.is_finished() and DUPLICATE_OF not in t.user_attrs}
         self._racing: set[int] = set()  # trials whose race runs are in flight
         self._waiting: dict[int, TrialOutcome] = {}  # trials waiting for a race to decide theirs
         self.liveness = liveness  # heartbeats and a study shared with other drivers (None: this one alone)
@@ -222,22 +225,17 @@ class Search:
         return True
 
     def _twin(self, trial: optuna.trial.Trial) -> int | None:
-        """The number of another trial of the study with the same params (Optuna's duplicate check);
-        None for an enqueued trial (a rerun, or a config a user asked for): it is meant to run."""
-        trials = self.study.get_trials(deepcopy=False)
-        if any(t.number == trial.number and "fixed_params" in t.system_attrs for t in trials):
+        """The earlier launch's trial whose config this one repeats (a resumed study never replays a
+        config it trained); None for an enqueued trial (a rerun, or a config a user asked for)."""
+        if not self._held or "fixed_params" in self.study._storage.get_trial_system_attrs(trial._trial_id):
             return None
-        for other in trials:
-            if other.number != trial.number and other.state != optuna.trial.TrialState.WAITING \
-                    and other.params == trial.params:
-                return other.number
-        return None
+        return next((number for number, params in self._held.items() if params == trial.params), None)
 
     def _skip_duplicate(self, trial: optuna.trial.Trial, twin: int) -> None:
         """Tell a trial that repeats trial ``twin``'s config FAIL without training it; reseed the sampler.
 
-        A resumed or concurrent launch reseeds its sampler so that it does not replay another's
-        sequence; a duplicate left anyway (a small discrete space) reseeds it at random.
+        A continued launch reseeds its sampler (tuner.launch.open_study), so this happens only in a
+        small discrete space; after ``_MAX_DUPLICATES`` the space counts as exhausted.
         """
         trial.set_user_attr(DUPLICATE_OF, twin)
         trial.set_user_attr("reason", f"same config as trial {twin}: not trained again")
@@ -246,6 +244,9 @@ class Search:
             self.liveness.release(trial.number)
         self.study.sampler.reseed_rng()
         self.duplicates += 1
+        if self.duplicates == _MAX_DUPLICATES:
+            log.warning("%d suggested configs were trained by earlier launches already: the search space looks "
+                        "exhausted; no more trials are asked", self.duplicates)
 
     def _submit(self, number: int, config: TrainConfig, seeds: Sequence[int], phase: Phase) -> None:
         b = self.budget
