@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tuner.worker import use_legacy_keras
+
 if TYPE_CHECKING:
     from tuner.executor import RayExecutor
 
@@ -20,6 +22,7 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 PLANTED = f"{FIXTURES / 'planted.py'}:Planted"
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+use_legacy_keras()  # before any test imports TensorFlow: tf.compat.v1.layers need Keras 2
 
 # launch flags for tests whose subject is not racing or verification: they keep to the search
 NO_VERIFY = ["--race-seeds", "0", "--verify-seeds", "0"]

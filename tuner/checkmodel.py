@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import math
+import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -35,6 +36,7 @@ from tuner.errors import ConfigError, ModelError
 from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code_error
 from tuner.records import RunSpec, RunStatus, TrainConfig
 from tuner.spaces import TUNER_KNOBS
+from tuner.worker import import_tensorflow
 
 SEED = 0  # graph seed of every build: the same graph gives the same loss at init
 SMOKE = TrainConfig(1e-3, clip_norm=1.0, l2_weight=1e-4)  # the training check's tuner knobs
@@ -62,6 +64,7 @@ def run_check(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise ConfigError(f"--steps {args.steps}: check-model trains at least 1 step")
     prepare_environment()
+    import_tensorflow()  # with Keras 2 selected, which tf.compat.v1.layers need
     print(f"checking model {args.spec!r} against tuner's model contract (docs/models.md)", flush=True)
     failed = total = 0
     for check in check_model(args.spec, args.steps):
@@ -253,9 +256,14 @@ class Probe:
         import tensorflow as tf
 
         graph = tf.Graph()
-        with graph.as_default():
-            tf.compat.v1.set_random_seed(SEED)
-            mg = self._call("build(knobs)", self.model.build, knobs)
+        state = random.getstate()
+        random.seed(SEED)  # Keras 2's unseeded initializers draw their seeds from it: the same init every build
+        try:
+            with graph.as_default():
+                tf.compat.v1.set_random_seed(SEED)
+                mg = self._call("build(knobs)", self.model.build, knobs)
+        finally:
+            random.setstate(state)
         if not isinstance(mg, ModelGraph):
             raise ModelError(f"model {self.spec!r}: build() must return a tuner.models.ModelGraph, "
                              f"got {type(mg).__name__}")

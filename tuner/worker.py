@@ -17,26 +17,43 @@ from typing import Any
 
 from tuner.records import RunRecord, RunSpec, RunStatus
 
-KERAS_EAGER_IMPORT = "keras.src.optimizers"
+# what ``import tensorflow`` imports eagerly: Keras 3's optimizers, or Keras 2's with TF_USE_LEGACY_KERAS
+KERAS_EAGER_IMPORTS = ("keras.src.optimizers", "tf_keras.src.optimizers")
+LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # TensorFlow reads it once, when it is imported
 GRAPHS_KEPT = 4  # model configs whose built graphs a worker keeps (tuner.train.Graphs)
 
 
+def use_legacy_keras() -> None:
+    """Select Keras 2 (the ``tf-keras`` package), which ``tf.compat.v1.layers`` are built on.
+
+    With Keras 3, TensorFlow's default, ``tf.compat.v1.layers.dense`` raises "not available with
+    Keras 3". TensorFlow reads ``TF_USE_LEGACY_KERAS`` once, when it is imported, so this must run
+    before: every process that builds a model calls it (the workers through
+    :func:`import_tensorflow`, and ``check-model``). A value set in the environment is kept.
+    """
+    os.environ.setdefault(LEGACY_KERAS, "1")
+
+
 def import_tensorflow() -> None:
-    """Import TensorFlow and the training loop, without Keras unless a model asks for it.
+    """Import TensorFlow and the training loop, with Keras 2 selected but not loaded until a model uses it.
 
     ``import tensorflow`` imports Keras' optimizers eagerly (for SavedModel registrations), and
-    with them Keras and scikit-learn: about 2 s of a 5 s import on this project's machine. Workers
-    train tf.compat.v1 graphs, so that import is skipped (TensorFlow's ``__init__`` ignores the
-    ImportError); Keras still loads as usual when a model touches ``tf.keras``.
+    with them all of Keras: about 1.5 s of a 4-5 s import on this project's machine. Workers train
+    tf.compat.v1 graphs, so that import is skipped (TensorFlow's ``__init__`` ignores the
+    ImportError); Keras still loads as usual when a model touches ``tf.compat.v1.layers`` or
+    ``tf.keras``.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if "tensorflow" not in sys.modules:
-        sys.modules[KERAS_EAGER_IMPORT] = None  # type: ignore[assignment]  # makes its import fail at once
+    use_legacy_keras()
+    blocked = [] if "tensorflow" in sys.modules else [m for m in KERAS_EAGER_IMPORTS if m not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]  # makes its import fail at once
     try:
         import tuner.train  # noqa: F401  (the TensorFlow import, paid once per actor)
     finally:
-        if sys.modules.get(KERAS_EAGER_IMPORT, 0) is None:
-            del sys.modules[KERAS_EAGER_IMPORT]
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
 
 
 class TrialWorker:
