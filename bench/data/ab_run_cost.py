@@ -13,7 +13,7 @@ import sys
 import time
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-from tuner.worker import import_tensorflow  # noqa: E402
+from tuner.worker import import_tensorflow
 
 import_tensorflow()
 from tuner.models import load_model  # noqa: E402
