@@ -36,10 +36,10 @@ def one_step(spec_model: str, config: TrainConfig, batch_size: int = 4):
     built = build(model, config, seed=0)
     batch = tuple(a[:batch_size] for a in data.batch(1, 0))
     with tf.compat.v1.Session(graph=built.graph) as sess:
-        sess.run(tf.compat.v1.global_variables_initializer())
+        built.start(sess, config)  # the variables initialised, tuner's knobs set to the config's
         variables = built.graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
         before = sess.run(variables)
-        fetched = sess.run(built.train_fetches, dict(zip(built.model.inputs, batch, strict=True)))
+        fetched = sess.run(built.train_fetches, built.feed(batch))
         after = sess.run(variables)
     deltas = [float(np.max(np.abs(a - b))) for a, b in zip(after, before, strict=True)]
     return built, fetched, deltas
