@@ -143,3 +143,21 @@ def test_replay_of_stateful_noise_says_how_to_make_it_exact() -> None:
     missed = [n for n in notes if n]
     assert missed, "the replay redrew a divergence-causing draw on all 3 seeds (probability ~1/5000)"
     assert all("noise/random_uniform/RandomUniform" in n and "step_seed()" in n for n in missed)
+
+
+def test_unlabelled_autoencoder_trains_and_its_nan_input_is_blamed_on_the_data() -> None:
+    from autoencoder import Autoencoder, NanInput
+
+    from tuner.train import train_run
+
+    clean = Autoencoder()
+    knobs = {k: v.default for k, v in clean.knobs.items()}
+    final = list(train_run(clean, clean.data(knobs), RunSpec(0, 1, "ae", TrainConfig(1e-2, knobs=knobs), 40, 20)))[-1]
+    assert final.status is RunStatus.SURVIVED and final.val_loss < final.init_val_loss
+    faulty = NanInput()
+    data = faulty.data(knobs)
+    first = next(s for s in range(1, 40) if 7 in data.batch_indices(s, 1))
+    final = list(train_run(faulty, data, RunSpec(0, 1, "ae", TrainConfig(1e-2, knobs=knobs), 40, 20)))[-1]
+    found = final.forensics
+    assert (final.step, found.kind, found.op, found.samples) == (first, NonFiniteKind.DATA, "x", (7,))
+    assert found.note == "the batch held 1 sample(s) with a non-finite input"

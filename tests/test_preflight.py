@@ -124,3 +124,11 @@ def test_launch_allow_bad_data_skips_samples_and_trains_clean(tmp_path: Path) ->
     runs = client.search_runs([client.get_experiment_by_name("bad").experiment_id])
     (parent,) = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     assert parent.data.tags["preflight_skipped_train"] == "5"
+
+
+def test_check_data_unlabelled_single_array_is_checked_as_an_input() -> None:
+    model = load_model(f"{FIXTURES / 'autoencoder.py'}:NanInput")
+    (finding,) = check_data(model.data(defaults(model))).findings
+    assert (finding.split, finding.what, finding.indices) == ("train", "a non-finite input", (7,))
+    clean = load_model(f"{FIXTURES / 'autoencoder.py'}:Autoencoder")
+    assert check_data(clean.data(defaults(model))).findings == ()

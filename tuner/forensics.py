@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tuner.models.base import Dataset, Model
+from tuner.models.base import Dataset, Model, has_label
 from tuner.records import Forensics, NonFiniteKind, RunSpec
 from tuner.train import UPDATED_SCOPE, Built, Snapshot, Stepper, build, session_config
 
@@ -69,7 +69,7 @@ def data_fault(
     samples = [int(index[r]) for r in rows]
     if sample_ids is not None:
         samples = [int(sample_ids[i]) for i in samples]
-    what = "label" if first == len(batch) - 1 else "input"
+    what = "label" if has_label(len(batch)) and first == len(batch) - 1 else "input"
     return Forensics(
         step, NonFiniteKind.DATA, op=input_names[first], op_type="Placeholder", samples=tuple(samples),
         note=f"the batch held {len(rows)} sample(s) with a non-finite {what}",

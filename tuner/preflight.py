@@ -2,7 +2,8 @@
 
 The arrays come from ``model.data(knobs)`` (numpy only: the driver never imports TensorFlow). By
 the contract (``tuner.models.base``) the last array of each split is the label and the others are
-inputs, one sample per row of the first axis. A sample is flagged when:
+inputs, one sample per row of the first axis; one array alone is an input (unlabelled data). A
+sample is flagged when:
 
 - it is corrupt: every value of its inputs is NaN/Inf (an unreadable image, say);
 - an input holds some NaN/Inf values;
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from tuner.errors import DataError
-from tuner.models.base import Dataset
+from tuner.models.base import Dataset, has_label
 from tuner.records import Skip
 
 SHOWN = 10  # indices shown per finding
@@ -116,7 +117,9 @@ def without(data: Dataset, skip: Skip) -> tuple[Dataset, np.ndarray | None]:
 
 
 def _check_split(split: str, arrays: Sequence[np.ndarray], data: Dataset) -> list[Finding]:
-    *inputs, label = (np.asarray(a) for a in arrays)
+    inputs = [np.asarray(a) for a in arrays]
+    label = inputs.pop() if has_label(len(inputs)) else None
+    size = len(inputs[0])
     findings: list[Finding] = []
 
     def add(mask: np.ndarray, what: str, detail: str = "") -> None:
@@ -125,15 +128,15 @@ def _check_split(split: str, arrays: Sequence[np.ndarray], data: Dataset) -> lis
 
     rows = [_rows(a) for a in inputs if np.issubdtype(a.dtype, np.number)]
     finite = [np.isfinite(r) for r in rows]
-    corrupt = np.zeros(len(label), bool)
+    corrupt = np.zeros(size, bool)
     for ok in finite:
         corrupt |= ~ok.any(axis=1)
     add(corrupt, "a corrupt input", "every value NaN or Inf")
-    partial = np.zeros(len(label), bool)
+    partial = np.zeros(size, bool)
     for ok in finite:
         partial |= ~ok.all(axis=1)
     add(partial & ~corrupt, "a non-finite input", "some values NaN or Inf")
-    labels = _rows(label) if np.issubdtype(label.dtype, np.number) else None
+    labels = _rows(label) if label is not None and np.issubdtype(label.dtype, np.number) else None
     if labels is not None:
         add(~np.isfinite(labels).all(axis=1), "a non-finite label", "NaN or Inf")
         if data.label_range is not None:

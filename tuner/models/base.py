@@ -14,7 +14,8 @@ A model is any object with three members (see :class:`Model`):
 ``data(knobs)``
     Returns a :class:`Dataset`: training and validation arrays (numpy), one per placeholder, and
     a batch size. The trial seed picks the batch order; the arrays themselves do not depend on it.
-    By convention the **last** array of each split is the label and the others are inputs. The
+    By convention the **last** array of each split is the label and the others are inputs; one
+    array alone is an input (unlabelled data, an autoencoder's). The
     data preflight (``tuner.preflight``) checks the data once, in the driver, as made with the
     space's fixed knobs (else the defaults), and the samples it flags are left out by index in
     every trial: so which samples there are, and their order, must not depend on the knobs.
@@ -136,7 +137,8 @@ class Dataset:
     """Training and validation arrays, one per placeholder, and the batch size.
 
     One sample per row of each array's first axis. The last array of each split is the label, the
-    others are inputs: the data preflight checks them that way. ``label_range`` (inclusive) lets
+    others are inputs: the data preflight checks them that way. A split of one array is unlabelled
+    (an autoencoder's inputs): that array is an input. ``label_range`` (inclusive) lets
     the preflight flag labels that cannot be right (a negative count). ``input_range`` (inclusive)
     is the range of the input arrays as the model expects them to be fed, so values beyond it are
     unscaled input (16-bit pixels where 0..255 is expected; 0..255 where [0, 1] is expected).
@@ -195,6 +197,11 @@ def step_seed() -> Any:
     except KeyError:
         with graph.name_scope(None):  # None: the top-level scope
             return tf.compat.v1.placeholder(tf.int32, [2], name=STEP_SEED)
+
+
+def has_label(arrays: int) -> bool:
+    """Whether a split of ``arrays`` arrays ends with a label: one array alone is unlabelled input."""
+    return arrays > 1
 
 
 @functools.lru_cache(maxsize=8)
