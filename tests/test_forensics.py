@@ -161,3 +161,23 @@ def test_unlabelled_autoencoder_trains_and_its_nan_input_is_blamed_on_the_data()
     found = final.forensics
     assert (final.step, found.kind, found.op, found.samples) == (first, NonFiniteKind.DATA, "x", (7,))
     assert found.note == "the batch held 1 sample(s) with a non-finite input"
+
+
+def test_forensics_blames_a_float64_input_that_overflows_float32_on_the_data() -> None:
+    from dataclasses import replace
+
+    from autoencoder import Autoencoder
+
+    from tuner.train import train_run
+
+    model = Autoencoder()
+    knobs = {k: v.default for k, v in model.knobs.items()}
+    data = model.data(knobs)
+    x = data.train[0].copy()
+    x[9, 4] = 1.2e39  # finite in float64, Inf in the float32 placeholder
+    first = next(s for s in range(1, 40) if 9 in data.batch_indices(s, 1))
+    spec = RunSpec(0, 1, "ae", TrainConfig(1e-2, knobs=knobs), 40, 20)
+    final = list(train_run(model, replace(data, train=(x,)), spec))[-1]
+    found = final.forensics
+    assert (final.step, found.kind, found.op, found.samples) == (first, NonFiniteKind.DATA, "x", (9,))
+    assert "as fed: sample 9, feature 4: 1.2e+39 overflows float32" in found.note

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -132,3 +133,14 @@ def test_check_data_unlabelled_single_array_is_checked_as_an_input() -> None:
     assert (finding.split, finding.what, finding.indices) == ("train", "a non-finite input", (7,))
     clean = load_model(f"{FIXTURES / 'autoencoder.py'}:Autoencoder")
     assert check_data(clean.data(defaults(model))).findings == ()
+
+
+def test_check_data_flags_a_float64_input_that_overflows_float32_with_sample_feature_and_value() -> None:
+    model = load_model(f"{FIXTURES / 'autoencoder.py'}:Autoencoder")
+    data = model.data(defaults(model))
+    x = data.train[0].copy()
+    x[9, 4] = 1.2e39  # finite in float64, Inf once fed to a float32 placeholder
+    (finding,) = check_data(replace(data, train=(x,))).findings
+    assert (finding.what, finding.indices) == ("an input that overflows float32 when fed", (9,))
+    assert finding.detail.startswith("sample 9, feature 4: 1.2e+39 overflows float32")
+    assert check_data(replace(data, train=(x,)), dtypes=[np.float64]).findings == ()  # a float64 placeholder

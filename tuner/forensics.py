@@ -32,6 +32,7 @@ import numpy as np
 import tensorflow as tf
 
 from tuner.models.base import Dataset, Model, has_label
+from tuner.preflight import as_fed, overflow
 from tuner.records import Forensics, NonFiniteKind, RunSpec
 from tuner.train import UPDATED_SCOPE, Built, Snapshot, Stepper, build, session_config
 
@@ -45,7 +46,8 @@ _BACKWARD = ("gradients/", "global_norm/", "clip_by_global_norm/")
 def investigate(model: Model, stepper: Stepper, step: int, sample_ids: Sequence[int] | None = None) -> Forensics:
     """Find where the divergence at ``step`` started (see the module docs); never raises."""
     names = [t.op.name for t in stepper.built.model.inputs]
-    found = data_fault(stepper.data, stepper.spec, step, names, sample_ids)
+    dtypes = [t.dtype.as_numpy_dtype for t in stepper.built.model.inputs]
+    found = data_fault(stepper.data, stepper.spec, step, names, sample_ids, dtypes)
     if found is None:
         try:
             found = replay(model, stepper.data, stepper.spec, stepper.snapshot, step, stepper.built, stepper.sess)
@@ -56,11 +58,14 @@ def investigate(model: Model, stepper: Stepper, step: int, sample_ids: Sequence[
 
 
 def data_fault(
-    data: Dataset, spec: RunSpec, step: int, input_names: Sequence[str], sample_ids: Sequence[int] | None
+    data: Dataset, spec: RunSpec, step: int, input_names: Sequence[str], sample_ids: Sequence[int] | None,
+    dtypes: Sequence[Any] | None = None,
 ) -> Forensics | None:
-    """A DATA record if the batch of ``step`` holds a non-finite input or label, else None."""
+    """A DATA record if the batch of ``step`` holds a non-finite input or label as fed to placeholders
+    of ``dtypes`` (after the cast: 1.2e39 in float64 is Inf in float32), else None."""
     batch = data.batch(step, spec.seed)
-    bad = [np.flatnonzero(~finite_rows(a)) for a in batch]  # per array: bad rows of the batch
+    fed = [as_fed(a, dtypes[i] if dtypes is not None else None) for i, a in enumerate(batch)]
+    bad = [np.flatnonzero(~finite_rows(a)) for a in fed]  # per array: bad rows of the batch
     if not any(len(rows) for rows in bad):
         return None
     first = next(i for i, rows in enumerate(bad) if len(rows))
@@ -70,9 +75,12 @@ def data_fault(
     if sample_ids is not None:
         samples = [int(sample_ids[i]) for i in samples]
     what = "label" if has_label(len(batch)) and first == len(batch) - 1 else "input"
+    note = f"the batch held {len(rows)} sample(s) with a non-finite {what}"
+    _, row, what = overflow(batch[first], fed[first])
+    if row >= 0:
+        note += f" as fed: sample {samples[rows.index(row)]}, {what}"
     return Forensics(
-        step, NonFiniteKind.DATA, op=input_names[first], op_type="Placeholder", samples=tuple(samples),
-        note=f"the batch held {len(rows)} sample(s) with a non-finite {what}",
+        step, NonFiniteKind.DATA, op=input_names[first], op_type="Placeholder", samples=tuple(samples), note=note,
     )
 
 

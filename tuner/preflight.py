@@ -10,7 +10,11 @@ sample is flagged when:
 - its label is NaN/Inf;
 - its label is outside the dataset's declared ``label_range`` (a negative count);
 - an input is outside the declared ``input_range``: unscaled input where the model expects
-  scaled input (16-bit pixels in an 8-bit pipeline, raw pixels where [0, 1] is expected).
+  scaled input (16-bit pixels in an 8-bit pipeline, raw pixels where [0, 1] is expected);
+- an input or label is finite as stored but not as fed: the arrays are checked as the
+  placeholders get them, after the cast to their dtype (1.2e39 in float64 is Inf in float32),
+  named by sample, feature and value. The driver has no graph: it takes every floating array to
+  be fed as float32, the dtype of nearly every TF1 placeholder (``check-model`` knows the dtypes).
 
 Any finding stops the launch with a :class:`~tuner.errors.DataError` that says what, how many and
 the first indices, unless the launch allows bad data: then the flagged samples are left out of
@@ -30,6 +34,7 @@ from tuner.models.base import Dataset, has_label
 from tuner.records import Skip
 
 SHOWN = 10  # indices shown per finding
+FED_AS = np.dtype(np.float32)  # what a floating array becomes when fed, unless its placeholder says otherwise
 
 
 @dataclass(frozen=True)
@@ -70,11 +75,12 @@ class PreflightReport:
         return "\n".join([header, *(f"  {f.line()}" for f in self.findings)])
 
 
-def check_data(data: Dataset) -> PreflightReport:
-    """Check both splits of ``data`` (see the module docs)."""
+def check_data(data: Dataset, dtypes: Sequence[Any] | None = None) -> PreflightReport:
+    """Check both splits of ``data`` (see the module docs), as fed to placeholders of ``dtypes``
+    (one per array; None: float32 for every floating array)."""
     findings = [
-        *_check_split("train", data.train, data),
-        *_check_split("val", data.val, data),
+        *_check_split("train", data.train, data, dtypes),
+        *_check_split("val", data.val, data, dtypes),
     ]
     return PreflightReport(tuple(findings), {"train": len(data.train[0]), "val": len(data.val[0])})
 
@@ -116,8 +122,41 @@ def without(data: Dataset, skip: Skip) -> tuple[Dataset, np.ndarray | None]:
     return trimmed, kept
 
 
-def _check_split(split: str, arrays: Sequence[np.ndarray], data: Dataset) -> list[Finding]:
-    inputs = [np.asarray(a) for a in arrays]
+def as_fed(array: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """``array`` as a placeholder of ``dtype`` gets it (None: float32 if floating); NaN/Inf where it overflows."""
+    array = np.asarray(array)
+    target = np.dtype(dtype) if dtype is not None else FED_AS
+    if not (np.issubdtype(array.dtype, np.floating) and np.issubdtype(target, np.floating)):
+        return array
+    with np.errstate(over="ignore", invalid="ignore"):
+        return array.astype(target, copy=False)
+
+
+def overflow(array: np.ndarray, fed: np.ndarray) -> tuple[np.ndarray, int, str]:
+    """Per sample: a value finite in ``array`` but not in ``fed``; the first such sample (-1: none)
+    and its first such value (``feature 2: 1.2e+39 overflows float32 (largest 3.4e+38)``)."""
+    array = np.asarray(array)
+    if fed is array or not np.issubdtype(array.dtype, np.number):
+        return np.zeros(len(array), bool), -1, ""
+    values = _rows(array)
+    over = np.isfinite(values) & ~np.isfinite(_rows(fed))
+    rows = over.any(axis=1)
+    if not rows.any():
+        return rows, -1, ""
+    sample, feature = (int(i) for i in np.argwhere(over)[0])
+    where = np.unravel_index(feature, array.shape[1:]) if array.ndim > 2 else (feature,)
+    value = float(values[sample, feature])
+    text = (f"feature {', '.join(map(str, where))}: {value:g} overflows {fed.dtype} "
+            f"(largest {np.finfo(fed.dtype).max:.3g})")
+    return rows, sample, text
+
+
+def _check_split(
+    split: str, arrays: Sequence[np.ndarray], data: Dataset, dtypes: Sequence[Any] | None
+) -> list[Finding]:
+    stored = [np.asarray(a) for a in arrays]
+    fed = [as_fed(a, dtypes[i] if dtypes is not None else None) for i, a in enumerate(stored)]
+    inputs = list(fed)
     label = inputs.pop() if has_label(len(inputs)) else None
     size = len(inputs[0])
     findings: list[Finding] = []
@@ -126,19 +165,27 @@ def _check_split(split: str, arrays: Sequence[np.ndarray], data: Dataset) -> lis
         if mask.any():
             findings.append(Finding(split, what, tuple(int(i) for i in np.flatnonzero(mask)), detail))
 
+    overflowed = np.zeros(size, bool)  # flagged as overflowing: not again as non-finite
+    for i, (original, cast) in enumerate(zip(stored, fed, strict=True)):
+        flagged, sample, what = overflow(original, cast)
+        kind = "a label" if label is not None and i == len(stored) - 1 else "an input"
+        add(flagged, f"{kind} that overflows {cast.dtype} when fed", f"sample {sample}, {what}")
+        overflowed |= flagged
+
     rows = [_rows(a) for a in inputs if np.issubdtype(a.dtype, np.number)]
     finite = [np.isfinite(r) for r in rows]
     corrupt = np.zeros(size, bool)
     for ok in finite:
         corrupt |= ~ok.any(axis=1)
+    corrupt &= ~overflowed
     add(corrupt, "a corrupt input", "every value NaN or Inf")
     partial = np.zeros(size, bool)
     for ok in finite:
         partial |= ~ok.all(axis=1)
-    add(partial & ~corrupt, "a non-finite input", "some values NaN or Inf")
+    add(partial & ~corrupt & ~overflowed, "a non-finite input", "some values NaN or Inf")
     labels = _rows(label) if label is not None and np.issubdtype(label.dtype, np.number) else None
     if labels is not None:
-        add(~np.isfinite(labels).all(axis=1), "a non-finite label", "NaN or Inf")
+        add(~np.isfinite(labels).all(axis=1) & ~overflowed, "a non-finite label", "NaN or Inf")
         if data.label_range is not None:
             add(*_outside(labels, data.label_range, "a label outside the declared range"))
     if data.input_range is not None:
