@@ -14,6 +14,7 @@ from tuner.models import BUILTIN, Knob, load_model
 
 BAD = FIXTURES / "bad_models"
 EXAMPLE = "examples/my_iterated_model.py:MyIteratedModel"
+NAN_LABELS = f"{FIXTURES / 'faulty_cnn.py'}:NanLabels"
 
 
 def check(spec: str, capsys: pytest.CaptureFixture[str], steps: int = 3) -> tuple[int, list[str]]:
@@ -112,3 +113,19 @@ def test_alternatives_are_other_valid_values() -> None:
     assert alternatives(Knob("int", 16, 1, 16)) == [1]
     assert alternatives(Knob("float", None, 1e-8, 1e-2, nullable=True)) == [1e-2, 1e-8]
     assert alternatives(Knob("float", 0.5, 0.0, 1.0, nullable=True)) == [1.0, 0.0, None]
+
+
+@pytest.mark.tf
+def test_check_model_flags_a_knob_end_with_a_non_finite_loss_and_runs_the_data_preflight(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, lines = check(f"{BAD / 'init_scale.py'}:InitScale", capsys, steps=1)
+    assert status == 2
+    assert line(lines, "knob init_scale").startswith("PASS")
+    ends = line(lines, "knob init_scale ends")
+    assert ends.startswith("FAIL") and "init_scale=1e+30 (its high end) the loss at init is inf" in ends
+    assert line(lines, "data preflight").startswith("PASS") and line(lines, "training").startswith("PASS")
+    status, lines = check(NAN_LABELS, capsys, steps=1)
+    assert status == 2
+    preflight = line(lines, "data preflight")
+    assert preflight.startswith("FAIL") and "sample(s) with a non-finite label" in preflight

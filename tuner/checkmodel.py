@@ -8,11 +8,14 @@ then prints one line per check (``PASS`` or ``FAIL`` and what it found):
 - ``data``: ``data`` returns a :class:`~tuner.models.Dataset`, the same arrays on every call;
 - ``build``: ``build`` returns a :class:`~tuner.models.ModelGraph` of placeholders, one per
   data array, and creates no optimizer;
+- ``data preflight``: the launch's data preflight finds nothing, with the arrays cast to the
+  placeholders' dtypes (a float64 value beyond float32, a NaN, a label out of its range);
 - ``loss``: the loss is a scalar and finite at init on the first batch;
 - ``gradients``: a gradient reaches every trainable weight;
 - ``knob NAME``: some other valid value of the knob changes the graph's op count, the data or the
   loss at init (with the other knobs at their defaults, or with one of them changed, for a knob
   that only matters together with another);
+- ``knob NAME ends``: a numeric knob at its low and at its high end gives a finite loss at init;
 - ``training``: a few steps of tuner's trainer stay finite.
 
 Exit status 0 when every check passes, 2 otherwise. Errors in the model's code are reported as
@@ -34,6 +37,7 @@ import numpy as np
 from tuner.config import prepare_environment
 from tuner.errors import ConfigError, ModelError
 from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code_error
+from tuner.preflight import check_data
 from tuner.records import RunSpec, RunStatus, TrainConfig
 from tuner.spaces import TUNER_KNOBS
 from tuner.worker import import_tensorflow
@@ -86,14 +90,16 @@ def check_model(spec: str, steps: int) -> Iterator[Check]:
     yield Check("contract", True, f"{_qualname(model)}: knobs ({len(model.knobs)}), build and data")
     yield _knob_names(model, spec)
     probe = Probe(model, spec)
-    for blocking in (probe.data_check, probe.build_check, probe.loss_check):
+    for blocking in (probe.data_check, probe.build_check, probe.preflight_check, probe.loss_check):
         check = blocking()
         yield check
-        if not check.ok:
+        if not check.ok and blocking != probe.preflight_check:  # bad data: the rest is still checked
             return
     yield probe.gradient_check()
     for name in model.knobs:
         yield probe.knob_check(name)
+        if model.knobs[name].kind in ("int", "float"):
+            yield probe.ends_check(name)
     yield _training(model, spec, steps, probe.defaults)
 
 
@@ -156,6 +162,33 @@ class Probe:
         weights = len(built.graph.get_collection("trainable_variables"))
         return Check("build", True, f"fresh graph: {built.ops} ops, {len(built.model.inputs)} "
                      f"placeholder(s), {weights} trainable weight(s)")
+
+    def preflight_check(self) -> Check:
+        """The data preflight of a launch finds nothing, the arrays checked as fed to the placeholders."""
+        dtypes = [t.dtype.as_numpy_dtype for t in self.build(self.defaults).model.inputs]
+        report = check_data(self.data(self.defaults), dtypes)
+        if report.findings:
+            found = "; ".join(f.line() for f in report.findings)
+            return Check("data preflight", False, f"model {self.spec!r}: {found}; fix the data, or a launch stops "
+                         "(with --allow-bad-data, it leaves these samples out)")
+        sizes = report.sizes
+        return Check("data preflight", True, f"{sizes['train']} train / {sizes['val']} val samples finite as fed, "
+                     "in the declared ranges")
+
+    def ends_check(self, name: str) -> Check:
+        """The loss at init is finite with numeric knob ``name`` at its low and at its high end."""
+        knob = self.model.knobs[name]
+        try:
+            for end, value in (("low", knob.low), ("high", knob.high)):
+                value = int(value) if knob.kind == "int" else value  # type: ignore[arg-type]
+                loss = self.loss({**self.defaults, name: value})
+                if not math.isfinite(loss):
+                    return Check(f"knob {name} ends", False, f"model {self.spec!r}: with {name}={value!r} (its {end} "
+                                 f"end) the loss at init is {loss} on the first batch: narrow the knob's range, "
+                                 "or guard the model at that value")
+        except ModelError as exc:
+            return Check(f"knob {name} ends", False, str(exc))
+        return Check(f"knob {name} ends", True, f"loss at init finite at {name}={knob.low!r} and {knob.high!r}")
 
     def loss_check(self) -> Check:
         """The loss (and the validation loss) is a scalar, finite at init on the first batch."""
