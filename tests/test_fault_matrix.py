@@ -93,15 +93,7 @@ def test_fault_ctrl_c_to_the_process_group_leaves_nothing_running_and_the_same_c
     args = ["launch", "--trials", "3", "--steps", "1500", "--seeds", "1", "--report-every", "100", *NO_VERIFY,
             *_stores(tmp_path)]
     storage = f"sqlite:///{tmp_path / 't.db'}"
-    log = tmp_path / "launch.log"
-    with log.open("w") as out:
-        driver = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=tmp_path, stdout=out,
-                                  stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                  start_new_session=True)
-    deadline = time.monotonic() + 240
-    while not _running_after_one_finished(storage):
-        assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.5)
+    driver, log = _launch_until_one_trial_finished(tmp_path, args, storage)
     os.killpg(driver.pid, signal.SIGINT)
     assert driver.wait(timeout=60) == 130, log.read_text()[-3000:]
     text = log.read_text()
@@ -125,6 +117,20 @@ def test_fault_ctrl_c_to_the_process_group_leaves_nothing_running_and_the_same_c
     assert not [r.info.run_id for r in client.search_runs([experiment]) if r.info.status == "RUNNING"]
 
 
+def _launch_until_one_trial_finished(tmp_path: Path, args: list[str], storage: str) -> tuple[subprocess.Popen, Path]:
+    """Start ``tuner ARGS`` in a session of its own; return once a trial finished and another runs."""
+    log = tmp_path / "launch.log"
+    with log.open("w") as out:
+        driver = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=tmp_path, stdout=out,
+                                  stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                  start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not _running_after_one_finished(storage):
+        assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    return driver, log
+
+
 def _running_after_one_finished(storage: str) -> bool:
     try:
         states = [t.state for t in optuna.load_study(study_name="s1", storage=storage).trials]
@@ -139,15 +145,7 @@ def test_fault_embedded_node_lost_mid_study_restarts_the_cluster_and_finishes(tm
     args = ["launch", "--trials", "3", "--steps", "1500", "--seeds", "1", "--report-every", "100", *NO_VERIFY,
             "--placement-timeout", "3", *_stores(tmp_path)]
     storage = f"sqlite:///{tmp_path / 't.db'}"
-    log = tmp_path / "launch.log"
-    with log.open("w") as out:
-        driver = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=tmp_path, stdout=out,
-                                  stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                  start_new_session=True)
-    deadline = time.monotonic() + 240
-    while not _running_after_one_finished(storage):
-        assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.5)
+    driver, log = _launch_until_one_trial_finished(tmp_path, args, storage)
     processes = subprocess.run(["ps", "-s", str(driver.pid), "-o", "pid=,comm=,args="], capture_output=True,
                                text=True, check=True).stdout.splitlines()
     victims = [int(p.split()[0]) for p in processes if p.split()[1] == "raylet" or "TrialWorker" in p]
