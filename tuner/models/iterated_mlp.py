@@ -31,7 +31,10 @@ class IteratedMLP:
     """The iterated MLP of the seed, on a Lotka-Volterra task (see module docs)."""
 
     knobs: Mapping[str, Knob] = {
-        "max_iter": Knob("int", 10, 1, 30, help="times the MLP's output is fed back as input"),
+        "max_iter": Knob(
+            "int", 10, 2, 30,
+            help="times the MLP's output is fed back as input (at 1, one Euler step of 4.5 overshoots: NaN at init)",
+        ),
         "bn_order": Knob(
             "categorical", "relu_bn", choices=("relu_bn", "bn_relu", "none"),
             help="ReLU then BatchNorm (the seed's), BatchNorm then ReLU, or no BatchNorm",
