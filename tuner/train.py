@@ -555,7 +555,6 @@ class Stepper:
 
     def __init__(self, sess: Any, built: Built, data: Dataset, spec: RunSpec) -> None:
         self.sess, self.built, self.data, self.spec = sess, built, data, spec
-        self._step_seed = built.step_seed
         self.telemetry = Telemetry(spec.config.clip_norm)
         names = [v.name for v in built.state]
         initial = tuple(np.array(x, copy=True) for x in sess.run(built.state))
@@ -563,11 +562,8 @@ class Stepper:
         self.metrics: dict[str, float] = {}
 
     def feed_arrays(self, arrays: Sequence[np.ndarray], step: int = 0) -> dict[Any, Any]:
-        """A feed dict of the model's placeholders and tuner's knobs (and its step seed at ``step``)."""
-        feed: dict[Any, Any] = dict(zip(self.built.model.inputs, arrays, strict=True))
-        if self._step_seed is not None:
-            feed[self._step_seed] = np.array([self.spec.seed % MAXINT32, step], np.int32)
-        return feed
+        """A feed dict of the model's placeholders (and its step seed at ``step``): :meth:`Built.feed`."""
+        return self.built.feed(arrays, self.spec.seed, step)
 
     def is_report(self, step: int) -> bool:
         """Whether ``step`` is a report step."""
