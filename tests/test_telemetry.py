@@ -37,13 +37,16 @@ def test_telemetry_no_spike_called_during_warmup() -> None:
 
 def test_telemetry_clip_fraction_and_report_metrics() -> None:
     t = Telemetry(clip_norm=1.0)
-    for step, gnorm in enumerate([0.5, 2.0, 3.0, 0.1], start=1):
-        t.add(step, 1.0, gnorm)
+    for step, (loss, gnorm) in enumerate([(4.0, 0.5), (2.0, 2.0), (1.0, 3.0), (1.0, 0.1)], start=1):
+        t.add(step, loss, gnorm)
     metrics = t.report(4, {"grad_norm/w": 0.25})
-    assert metrics == {"clipped": 0.0, "clip_fraction": 0.5, "loss_spikes": 0.0, "grad_norm/w": 0.25}
+    assert metrics == {"loss_mean": 2.0, "clipped": 0.0, "clip_fraction": 0.5, "loss_spikes": 0.0, "grad_norm/w": 0.25}
     summary = t.summary()
     assert summary["grad_norm_max"] == 3.0 and summary["clip_fraction"] == 0.5
     assert summary["grad_norm_p50"] == pytest.approx(1.25)
+    t.add(5, 0.5, 0.1)
+    t.add(6, 1.5, 0.1)
+    assert t.report(6, {})["loss_mean"] == 1.0  # the steps since the last report only
 
 
 @pytest.mark.tf

@@ -2,10 +2,12 @@
 
 Every step adds its loss and unclipped global gradient norm (:meth:`Telemetry.add`): whether the
 step was clipped, whether its loss spiked (above ``SPIKE_FACTOR`` times the median of the last
-``SPIKE_WINDOW`` losses) and the counts so far. A report step adds what the train step fetched
-only then (per-weight gradient norms, the largest |value| of each watched tensor) and becomes a
-report point; the last ``POINTS_KEPT`` report points go into a divergence's forensics. The final
-record carries the summary: max and p50/p90/p99 of the gradient norm, clip fraction, spike count.
+``SPIKE_WINDOW`` losses) and the counts so far. A report step adds the mean loss of the steps
+since the last report (``loss_mean``: what the pruner compares, less noisy than one batch's
+loss) and what the train step fetched only then (per-weight gradient norms, the largest |value|
+of each watched tensor), and becomes a report point; the last ``POINTS_KEPT`` report points go
+into a divergence's forensics. The final record carries the summary: max and p50/p90/p99 of the
+gradient norm, clip fraction, spike count.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Telemetry:
         self._window: deque[float] = deque()  # the last SPIKE_WINDOW losses, in step order
         self._sorted: list[float] = []  # the same losses, sorted (for the median)
         self.init_val_loss: float | None = None  # validation loss before the first step
+        self._reported = 0  # steps added up to the latest report
 
     @property
     def steps(self) -> int:
@@ -65,7 +68,10 @@ class Telemetry:
 
     def report(self, step: int, fetched: Mapping[str, float]) -> dict[str, float]:
         """The metrics of a report step; ``fetched`` holds the report-only values (see tuner.train)."""
+        since = self.losses[self._reported:] or self.losses[-1:]
+        self._reported = len(self.losses)
         metrics = {
+            "loss_mean": sum(since) / len(since),  # the training loss over the steps since the last report
             "clipped": float(self.last_clipped),
             "clip_fraction": self.clip_fraction(),
             "loss_spikes": float(len(self.spike_steps)),
