@@ -17,7 +17,7 @@ import pytest
 from tuner.evidence import SeedStream
 from tuner.models import Knob
 from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrialState
-from tuner.search import Budget, Search, judge, make_pruner
+from tuner.search import Budget, Search, judge, make_pruner, prune_start
 from tuner.spaces import space_from
 
 KNOBS = {"width": Knob("int", 8, 1, 64)}
@@ -112,9 +112,9 @@ def make_search(trials: int, executor: FakeExecutor, sampler: optuna.samplers.Ba
                 race_seeds: int = 0, pruner: str = "none") -> Search:
     params = {"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}}
     space = space_from(params, "fake", KNOBS, "<test>")
-    study = optuna.create_study(direction="minimize", sampler=sampler, pruner=make_pruner(pruner))
+    study = optuna.create_study(direction="minimize", sampler=sampler, pruner=make_pruner(pruner, 200))
     budget = Budget(trials, steps=200, seeds=2, report_every=20, race_seeds=race_seeds,
-                    prune_from=100 if pruner != "none" else 0)
+                    prune_from=prune_start(pruner, 200))
     return Search(study, space, "fake", executor, budget, stream=STREAM)
 
 
@@ -275,3 +275,17 @@ def test_search_median_pruner_stops_a_finite_trial_behind_and_never_calls_it_div
     assert "at step 100 its loss was behind" in behind.user_attrs["reason"]
     assert max(behind.intermediate_values) == 100  # stopped at half the steps, not before
     assert [outcomes[n].state for n in (0, 1, 2, 3, 4, 6)] == [TrialState.COMPLETE] * 6
+
+
+def test_search_asha_stops_trials_outside_the_best_third_at_a_rung_and_never_calls_them_diverged() -> None:
+    executor = FakeExecutor(slots=2)  # one trial at a time: each meets the earlier ones at the rung
+    search = make_search(4, executor, optuna.samplers.RandomSampler(seed=0), pruner="asha")  # rungs: 50, 150
+    for lr in [10**-2.45, 1e-5, 10**-2.5, 10**-4]:
+        search.study.enqueue_trial({"learning_rate": lr})
+    outcomes = {o.number: o for o in search.run()}
+    assert [outcomes[n].state for n in range(4)] == [
+        TrialState.COMPLETE, TrialState.STOPPED, TrialState.COMPLETE, TrialState.STOPPED]
+    behind = search.study.trials[1]
+    assert behind.state == optuna.trial.TrialState.PRUNED and behind.user_attrs["divergence_step"] is None
+    assert "at step 60 its loss was not in the best third" in behind.user_attrs["reason"]
+    assert max(behind.intermediate_values) == 60  # the first report at or past the rung (step 50), not before

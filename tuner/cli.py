@@ -64,9 +64,10 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--verify-seeds", type=int,
                    help="fresh seeds the best configs are retrained on at the end; 0: no verification (default 16)")
     p.add_argument("--verify-steps", type=int, help="steps of a verification run (default: 2 x --steps)")
-    p.add_argument("--pruner", choices=("none", "median"),
-                   help="stop a finite trial whose loss is behind the completed trials' median, from half its "
-                        "steps on; never counted as diverged (default none)")
+    p.add_argument("--pruner", choices=("none", "median", "asha"),
+                   help="stop a finite trial whose loss is behind, never counted as diverged: median (behind the "
+                        "completed trials' median, from half its steps on) or asha (successive halving: only "
+                        "the best third goes on at a quarter of the steps, and again at 3x that) (default none)")
     p.add_argument("--min-survival", type=float,
                    help="bar for the 95%% lower bound of the verified survival rate (default 0.8)")
     p.add_argument("--verify-candidates", type=int,

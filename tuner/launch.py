@@ -40,7 +40,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     from tuner.executor import RayExecutor
     from tuner.export import best_config, write_best
     from tuner.progress import ProgressView, summary_table
-    from tuner.search import Budget, Search
+    from tuner.search import Budget, Search, prune_start
     from tuner.verify import Runner, verify_study
 
     prepare_environment()
@@ -65,7 +65,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         )
         stream = studyrecord.seed_stream(study, config.seed)
         budget = Budget(config.trials, config.steps, config.seeds, config.report_every, config.threads,
-                        race_seeds=config.race_seeds, prune_from=config.steps // 2 if config.pruner != "none" else 0)
+                        race_seeds=config.race_seeds, prune_from=prune_start(config.pruner, config.steps))
         with ProgressView(todo, live=config.live, console=console) as view:
             callbacks = [c for c in (tracker, view) if c is not None]
             run_id = tracker.run_id if tracker else None
@@ -263,7 +263,7 @@ def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | No
         existed = config.study_name in optuna.study.get_all_study_names(storage)
         study = optuna.create_study(
             study_name=config.study_name, storage=storage, sampler=make_sampler(config.sampler, config.seed, searched),
-            pruner=make_pruner(config.pruner), direction="minimize", load_if_exists=True,
+            pruner=make_pruner(config.pruner, config.steps), direction="minimize", load_if_exists=True,
         )
     except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as exc:
         raise ConfigError(

@@ -273,9 +273,11 @@ class Search:
             self._phase_done(active)
 
     def _report_progress(self, active: _Trial, record: RunRecord) -> None:
-        """Report the mean training loss at a step once every seed has reached it."""
+        """Report the mean training loss at a step once every seed has reached it (each seed's
+        ``loss_mean`` since its last report where the record has it, else its last batch's)."""
         at_step = active.losses.setdefault(record.step, {})
-        at_step[record.seed] = record.loss if record.loss is not None else float("nan")
+        loss = record.metrics.get("loss_mean", record.loss)
+        at_step[record.seed] = loss if loss is not None else float("nan")
         if len(at_step) == len(active.seeds) and record.step not in active.reported:
             try:
                 active.trial.report(statistics.fmean(at_step.values()), record.step)
@@ -302,7 +304,7 @@ class Search:
         if active.stopped_at is not None and outcome.state is TrialState.FAIL and all(
             r.status is not RunStatus.FAILED for r in outcome.seeds
         ):
-            reason = f"at step {active.stopped_at} its loss was behind the median of the completed trials"
+            reason = stop_reason(self.study.pruner, active.stopped_at)
             outcome = replace(outcome, state=TrialState.STOPPED, reason=reason)
         self._standing.pop(number, None)
         self._racing.discard(number)
@@ -420,16 +422,39 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup)
 
 
-def make_pruner(kind: str) -> optuna.pruners.BasePruner:
-    """The study's pruner: ``median`` (Optuna's MedianPruner once 5 trials completed) or ``none``.
+PRUNERS = ("none", "median", "asha")
+ASHA_REDUCTION = 3  # successive halving keeps the best third of the trials at each rung
 
-    It only ever stops a finite trial whose mean training loss is behind the median of the
-    completed trials at the same step, and only from ``Budget.prune_from`` on (half the steps in
-    a launch): such a trial is STOPPED, never counted as diverged.
+
+def prune_start(kind: str, steps: int) -> int:
+    """The first step at which ``kind`` may stop a finite trial (0: never): half the steps for
+    ``median``, a quarter for ``asha`` (its first rung; the next ones at 3x and 9x that step)."""
+    return {"median": steps // 2, "asha": max(1, steps // 4)}.get(kind, 0)
+
+
+def make_pruner(kind: str, steps: int = 0) -> optuna.pruners.BasePruner:
+    """The study's pruner for trials of ``steps`` steps: ``none``, ``median`` or ``asha``.
+
+    Either only ever stops a finite trial whose mean training loss (``loss_mean``, over the steps
+    since the last report, the seeds averaged) is behind, and only from :func:`prune_start` on:
+    such a trial is STOPPED, never counted as diverged. ``median``: behind the median of the
+    completed trials at the same step (Optuna's MedianPruner once 5 trials completed). ``asha``:
+    not in the best third of the trials that reached the same rung (Optuna's
+    SuccessiveHalvingPruner, asynchronous: rungs at a quarter of the steps, then 3x, 9x that).
     """
     if kind == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+    if kind == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=prune_start(kind, steps), reduction_factor=ASHA_REDUCTION, min_early_stopping_rate=0)
     return optuna.pruners.NopPruner()
+
+
+def stop_reason(pruner: optuna.pruners.BasePruner, step: int) -> str:
+    """Why ``pruner`` stopped a finite trial at ``step``, in words."""
+    if isinstance(pruner, optuna.pruners.SuccessiveHalvingPruner):
+        return f"at step {step} its loss was not in the best third of the trials that reached that step"
+    return f"at step {step} its loss was behind the median of the completed trials"
 
 
 def judge(
