@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 
 import optuna
@@ -17,7 +18,7 @@ import pytest
 from tuner.evidence import SeedStream
 from tuner.models import Knob
 from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrialState
-from tuner.search import Budget, Search, judge, make_pruner, prune_start
+from tuner.search import RACE_Z, Budget, Search, judge, make_pruner, prune_start
 from tuner.spaces import space_from
 
 KNOBS = {"width": Knob("int", 8, 1, 64)}
@@ -289,3 +290,22 @@ def test_search_asha_stops_trials_outside_the_best_third_at_a_rung_and_never_cal
     assert behind.state == optuna.trial.TrialState.PRUNED and behind.user_attrs["divergence_step"] is None
     assert "at step 60 its loss was not in the best third" in behind.user_attrs["reason"]
     assert max(behind.intermediate_values) == 60  # the first report at or past the rung (step 50), not before
+
+
+def test_search_races_a_challenger_past_a_raced_incumbent_only_when_better_by_more_than_the_seed_noise() -> None:
+    def val(lr: float, seeds: Sequence[int]) -> float:  # outcome_of's mean validation loss
+        return statistics.fmean((math.log10(lr) + 2.5) ** 2 + 0.01 * (s % 2) for s in seeds)
+
+    incumbent, seeds = 10**-2.2, (*spec_seeds(0), *STREAM.race(6))
+    spread = statistics.stdev((math.log10(incumbent) + 2.5) ** 2 + 0.01 * (s % 2) for s in seeds)
+    noise = RACE_Z * spread * (1 / 2 + 1 / 8) ** 0.5
+    grid = [10 ** (-2.2 - i / 1000) for i in range(1, 300)]
+    close = next(lr for lr in grid if 0 < val(incumbent, seeds) - val(lr, spec_seeds(1)) < noise / 2)
+    clear = next(lr for lr in grid if val(incumbent, seeds) - val(lr, spec_seeds(2)) > 2 * noise)
+    assert val(clear, spec_seeds(2)) < val(close, spec_seeds(1))
+    search = make_search(3, FakeExecutor(), optuna.samplers.RandomSampler(seed=0), race_seeds=8)
+    for lr in (incumbent, close, clear):
+        search.study.enqueue_trial({"learning_rate": lr})
+    search.run()
+    raced = [len(t.user_attrs["seeds"]) for t in search.study.trials]
+    assert raced == [8, 2, 8]  # the close challenger is better on its two seeds, but within the noise

@@ -34,6 +34,7 @@ from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfi
 from tuner.spaces import SearchSpace
 
 log = logging.getLogger(__name__)
+RACE_Z = 1.0  # a challenger races past a trial on more seeds only when better by this many standard errors
 _MAX_DUPLICATES = 20  # duplicates asked in one launch after which the space counts as exhausted
 _OPTUNA_STATE = {
     TrialState.COMPLETE: optuna.trial.TrialState.COMPLETE,
@@ -136,12 +137,14 @@ class Search:
     """Runs ``budget.trials`` trials of ``space`` on ``executor`` (see the module docs).
 
     Racing (SMAC3's intensification): a trial whose seeds all survived and that could become the
-    best (its validation loss is below that of every trial that survived at least as many seeds)
-    is not told yet: it runs on the next race level's seeds, shared by every raced trial. One
-    diverging race seed makes it PRUNED (TPE is told); a trial that falls behind stops racing and
-    is told COMPLETE on the seeds it has. A trial behind only trials still racing waits (no
-    runs, not told) until their races decide whether it could lead. ``stream`` gives every run
-    its seed.
+    best is not told yet: it runs on the next race level's seeds, shared by every raced trial. It
+    could become the best when its validation loss is below that of every trial that survived as
+    many seeds, and below that of every trial that survived more seeds by more than the seeds'
+    noise (``RACE_Z`` standard errors of the difference, from that trial's spread over its seeds):
+    a challenger within the noise of a raced incumbent is not worth its race runs. One diverging
+    race seed makes it PRUNED (TPE is told); a trial that falls behind stops racing and is told
+    COMPLETE on the seeds it has. A trial behind only trials still racing waits (no runs, not
+    told) until their races decide whether it could lead. ``stream`` gives every run its seed.
     """
 
     def __init__(
@@ -171,6 +174,7 @@ class Search:
         self._held = {t.number: t.params for t in study.get_trials(deepcopy=False)
                       if t.state.is_finished() and DUPLICATE_OF not in t.user_attrs}
         self._racing: set[int] = set()  # trials whose race runs are in flight
+        self._spread: dict[int, float] = {}  # trial number -> standard deviation of its seeds' validation losses
         self._waiting: dict[int, TrialOutcome] = {}  # trials waiting for a race to decide theirs
         self.liveness = liveness  # heartbeats and a study shared with other drivers (None: this one alone)
         self._open: tuple[float, int, int] = (0.0, 0, 0)  # (when counted, trials to ask, others' running)
@@ -310,6 +314,8 @@ class Search:
         self._racing.discard(number)
         if outcome.state is TrialState.COMPLETE and outcome.learned is not False and outcome.value is not None:
             self._standing[number] = (len(outcome.seeds), outcome.value)
+            losses = [r.val_loss for r in outcome.seeds if r.val_loss is not None]
+            self._spread[number] = statistics.stdev(losses) if len(losses) > 1 else 0.0
             self._decide(active, outcome)
         else:
             self._finish(active, outcome)
@@ -322,13 +328,22 @@ class Search:
         have, number = len(outcome.seeds), outcome.number
         level = next((n for n in self.budget.race_levels() if n > have), None)
         better = [n for n, (seeds, value) in self._standing.items()
-                  if n != number and seeds >= have and outcome.value is not None and value <= outcome.value]
+                  if n != number and seeds >= have and outcome.value is not None
+                  and value <= outcome.value + self._noise(n, seeds, have)]
         if level is not None and not better:
             self._race(active, level)
         elif level is not None and all(n in self._racing for n in better):
             self._waiting[number] = outcome  # behind trials still racing: it may lead once they fall out
         else:
             self._finish(active, outcome)
+
+    def _noise(self, incumbent: int, seeds: int, have: int) -> float:
+        """How far a trial on ``have`` seeds must beat ``incumbent`` (on ``seeds``) to race past it:
+        ``RACE_Z`` standard errors of the difference of the two means, with the incumbent's spread
+        over its seeds standing for both (0 against a trial on as many seeds, or of an earlier launch)."""
+        if seeds <= have:
+            return 0.0
+        return RACE_Z * self._spread.get(incumbent, 0.0) * (1.0 / have + 1.0 / seeds) ** 0.5
 
     def _race(self, active: _Trial, level: int) -> None:
         raced = len(active.earlier) + len(active.finals) - self.budget.seeds
