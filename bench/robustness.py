@@ -22,7 +22,12 @@ median compute ratio <= 1.6x (issue 12: "racing and the final verification toget
 
     .venv/bin/python bench/robustness.py [--budgets small,default] [--sampler-seeds 0,1,2]
                                          [--held-out-seeds 32] [--json PATH] [--smoke]
-                                         [--now-flags="--race-seeds 8"]
+                                         [--now-flags="--race-seeds 8"] [--alt-flags="--pruner none"]
+
+``--alt-flags`` adds a third launch per sampler seed, tuner now with those flags instead, and
+compares the two: steps saved (search + race + verify), held-out survival and validation loss
+(issue 16: the pruner's >= 35 % fewer steps for the same exported quality). With ``BENCH_LOCK``
+set to a file, every ``python -m tuner`` runs under ``flock`` on it (a machine shared with tests).
 """
 
 from __future__ import annotations
@@ -55,7 +60,8 @@ def tuner(argv: list[str], cwd: str) -> tuple[int, str]:
     """Run ``python -m tuner ARGV`` in ``cwd``; its exit status and stdout. Stops on an abnormal exit."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-m", "tuner", *argv], cwd=cwd, env=env, capture_output=True,
+    lock = ["flock", os.environ["BENCH_LOCK"]] if os.environ.get("BENCH_LOCK") else []  # a machine shared
+    done = subprocess.run([*lock, sys.executable, "-m", "tuner", *argv], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=4 * 3600)
     if done.returncode not in NORMAL_EXITS:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-8000:])
@@ -97,7 +103,7 @@ def measure(trials: int, steps: int, seed: int, held_out_seeds: int, smoke: bool
     """Both launches and their held-out checks for one budget and sampler seed."""
     row: dict[str, Any] = {"trials": trials, "steps": steps, "sampler_seed": seed}
     for name, extra in VARIANTS.items():
-        extra = SMOKE_NOW if smoke and name == "now" else extra
+        extra = [*SMOKE_NOW, *extra] if smoke and name in ("now", "alt") else extra
         with tempfile.TemporaryDirectory(prefix=f"tuner-robustness-{name}-") as tmp:
             result = launch(tmp, trials, steps, seed, extra)
             result["survived"], result["runs_held_out"], result["val_loss"] = held_out(
@@ -109,6 +115,12 @@ def measure(trials: int, steps: int, seed: int, held_out_seeds: int, smoke: bool
         row[key] = spent / norace["search"] if norace["search"] else float("nan")
         row[f"{key}_margin"] = (spent + now["margin"]) / norace["search"] if norace["search"] else float("nan")
     row["wall_ratio"] = row["now"]["wall"] / row["norace"]["wall"]
+    if "alt" in row:  # tuner now against itself with --alt-flags (the pruner off, say)
+        now, alt = row["now"]["steps"], row["alt"]["steps"]
+        spent = {v: sum(row[v]["steps"][p] for p in ("search", "race", "verify")) for v in ("now", "alt")}
+        row["steps_saved"] = 1 - spent["now"] / spent["alt"] if spent["alt"] else float("nan")
+        row["search_steps_saved"] = 1 - now["search"] / alt["search"] if alt["search"] else float("nan")
+        row["val_loss_ratio"] = row["now"]["val_loss"] / row["alt"]["val_loss"]
     return row
 
 
@@ -132,6 +144,15 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
               r["now"]["wall"], r["norace"]["wall"], r["wall_ratio"], r["now"]["val_loss"],
               r["norace"]["val_loss"]] for r in rows]
     print(table(head, lines))
+    if "alt" in rows[0]:
+        head = ["budget", "S", "held-out now", "held-out alt", *(f"{p} steps alt" for p in PHASES),
+                "steps saved", "search steps saved", "val_loss now", "val_loss alt", "val ratio", "wall alt s"]
+        lines = [[r["budget"], r["sampler_seed"], f"{r['now']['survived']}/{r['now']['runs_held_out']}",
+                  f"{r['alt']['survived']}/{r['alt']['runs_held_out']}", *(int(r["alt"]["steps"][p]) for p in PHASES),
+                  r["steps_saved"], r["search_steps_saved"], r["now"]["val_loss"], r["alt"]["val_loss"],
+                  r["val_loss_ratio"], r["alt"]["wall"]] for r in rows]
+        print(f"tuner now ({' '.join(VARIANTS['now']) or 'defaults'}) against alt ({' '.join(VARIANTS['alt'])}):")
+        print(table(head, lines))
 
 
 def summarise(budget: str, rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -154,6 +175,13 @@ def summarise(budget: str, rows: list[dict[str, Any]]) -> dict[str, float]:
     print(f"RESULT robustness {budget} steps_ratio = {s['steps_ratio']:.2f}x steps ({s['steps_ratio_margin']:.2f}x "
           "with the margin; median)")
     print(f"RESULT robustness {budget} wall_ratio = {s['wall_ratio']:.2f}x (median)")
+    if "alt" in rows[0]:
+        s["worst_alt"] = min(rate(r["alt"]) for r in rows)
+        for key in ("steps_saved", "search_steps_saved", "val_loss_ratio"):
+            s[key] = median([r[key] for r in rows])
+        print(f"RESULT robustness {budget} steps_saved = {s['steps_saved']:.0%} of alt's search+race+verify steps "
+              f"({s['search_steps_saved']:.0%} of its search's; median), held-out worst {s['worst_now']:.3f} now, "
+              f"{s['worst_alt']:.3f} alt; val_loss now/alt {s['val_loss_ratio']:.3f} (median)")
     return s
 
 
@@ -164,6 +192,8 @@ def main() -> None:
     p.add_argument("--held-out-seeds", type=int, default=32, help="seeds of the held-out check (default 32)")
     p.add_argument("--smoke", action="store_true", help="3 trials x 60 steps, 4 held-out seeds, one sampler seed")
     p.add_argument("--now-flags", default="", help="extra launch flags of the 'tuner now' launches")
+    p.add_argument("--alt-flags", help="also launch tuner now with these flags instead of --now-flags, and "
+                                       "compare (--alt-flags='--pruner none': what the pruner saves)")
     p.add_argument("--json", help="write the raw figures here")
     args = p.parse_args()
     seeds = [int(s) for s in args.sampler_seeds.split(",")]
@@ -174,6 +204,8 @@ def main() -> None:
     if args.smoke:
         budgets, seeds, args.held_out_seeds = {"smoke": SMOKE}, seeds[:1], 4
     VARIANTS["now"] = args.now_flags.split()
+    if args.alt_flags is not None:
+        VARIANTS["alt"] = args.alt_flags.split()
 
     print_header(f"robustness: {', '.join(f'{n} ({t} trials x {s} steps)' for n, (t, s) in budgets.items())}, "
                  f"sampler seeds {seeds}, {args.held_out_seeds} held-out seeds at 2x steps")
