@@ -167,25 +167,22 @@ def run_key(run: Mapping[str, Any]) -> str:
 
 
 def runs_from_study(study: Any, steps: int, report_every: int) -> list[dict[str, Any]]:
-    """The seed runs of a finished tuner study, read back from its trials' user attributes.
-
-    Per seed the trial keeps ``steps_survived``; the trial keeps its first ``divergence_step``.
-    A seed that survived ``divergence_step - 1`` steps, or a number of steps that is not a report
-    step, diverged (it ran one step more); any other seed of a diverged trial was cancelled at a
-    report step.
+    """The seed runs of a finished tuner study, read back from its trials' records
+    (``tuner.trialrecord``): per seed its status and the step it stopped at (a diverged seed ran
+    its divergence step, one step past the steps it survived; a cancelled one stopped at a report step).
     """
+    from tuner.trialrecord import SeedStatus, read
+
     runs = []
     for trial in study.get_trials(deepcopy=False):
-        attrs = trial.user_attrs
-        if "config" not in attrs:
+        record = read(trial)
+        if record is None:
             continue
-        for seed, survived in zip(attrs["seeds"], attrs["steps_survived"], strict=True):
-            status, stop = attrs["status"], survived
-            if status == "diverged":
-                first = survived == (attrs.get("divergence_step") or 0) - 1
-                status = "diverged" if first or survived % report_every else "cancelled"
-                stop = survived + 1 if status == "diverged" else survived
-            runs.append({"config": attrs["config"], "seed": seed, "steps": steps,
+        for seed in record.seeds:
+            status = {SeedStatus.DIVERGED: "diverged", SeedStatus.CANCELLED: "cancelled"}.get(
+                seed.status, record.state.value)
+            stop = seed.steps_survived + 1 if seed.status is SeedStatus.DIVERGED else seed.steps_survived
+            runs.append({"config": dict(record.config), "seed": seed.seed, "steps": steps,
                          "report_every": report_every, "stop": stop, "status": status,
                          "trial": trial.number})
     return runs

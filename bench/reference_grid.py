@@ -48,6 +48,7 @@ def run_grid(executor: Any, values: dict[str, list], steps: int, seeds: int, rep
     import optuna
 
     from tuner.search import Budget, Search
+    from tuner.trialrecord import read
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # enqueued points, not GridSampler: its study.stop() at the end of the grid raises under ask/tell
@@ -56,9 +57,10 @@ def run_grid(executor: Any, values: dict[str, list], steps: int, seeds: int, rep
         study.enqueue_trial(dict(zip(values, point, strict=True)))
     points = math.prod(len(v) for v in values.values())
     Search(study, efficiency_space(), MODEL, executor, Budget(points, steps, seeds, report_every)).run()
+    records = [(t, read(t)) for t in study.get_trials(deepcopy=False)]
     return [{"learning_rate": t.params["learning_rate"], "max_iter": t.params["max_iter"],
-             "status": t.user_attrs["status"], "val_loss": t.user_attrs["val_loss"],
-             "steps_survived": t.user_attrs["steps_survived"]} for t in study.get_trials(deepcopy=False)]
+             "status": r.state.value, "val_loss": r.value, "steps_survived": list(r.steps_survived)}
+            for t, r in records if r is not None]
 
 
 def best_point(rows: list[dict[str, Any]]) -> dict[str, Any] | None:

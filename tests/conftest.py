@@ -34,7 +34,10 @@ STATUSES = {"COMPLETE": ("survived",), "PRUNED": ("diverged", "stopped"), "FAIL"
 
 def expected_status(trial: Any) -> str:
     """The MLflow ``status`` tag an Optuna trial's run must have (checked against its state)."""
-    status = str(trial.user_attrs.get("status", STATUSES[trial.state.name][0]))
+    from tuner.trialrecord import read
+
+    record = read(trial)
+    status = record.state.value if record is not None else STATUSES[trial.state.name][0]
     assert status in STATUSES[trial.state.name], (trial.number, trial.state, status)
     return status
 

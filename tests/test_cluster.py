@@ -18,6 +18,7 @@ import pytest
 
 from tests.cluster import RayNodes, free_port, kill_group, start_cluster, start_mlflow_server
 from tests.conftest import FINISHED, NO_VERIFY, ROOT, expected_status, run_tuner
+from tuner.trialrecord import read
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]
 
@@ -103,7 +104,7 @@ def test_cluster_runs_execute_on_both_nodes(cluster: RayNodes, tmp_path: Path) -
     result = run_tuner(launch_args(tmp_path, cluster.address, trials=3), cwd=tmp_path)
     assert result.returncode in FINISHED, result.stdout[-2000:] + result.stderr[-2000:]
     trials = check_terminal(tmp_path, f"sqlite:///{tmp_path / 'm.db'}", 3)
-    nodes = {n for t in trials for n in t.user_attrs["nodes"]}
+    nodes = {n for t in trials for n in read(t).nodes}
     assert len(nodes) == 2  # one slot per node: the two seeds of a trial run on different nodes
     runs = mlflow_runs(f"sqlite:///{tmp_path / 'm.db'}")
     assert {n for r in runs.values() for n in r.data.tags["node_ids"].split(",")} == nodes

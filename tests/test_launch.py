@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, expected_status, run_tuner
+from tuner.trialrecord import read
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
 
@@ -47,10 +48,11 @@ def check_stores(tmp_path: Path, trials: int) -> list[optuna.trial.FrozenTrial]:
         assert run.data.tags["status"] == expected_status(t)
         assert run.info.status == ("FAILED" if t.state == optuna.trial.TrialState.FAIL else "FINISHED")
         assert "mlflow.parentRunId" in run.data.tags
-        first_seed = t.user_attrs["seeds"][0]
+        record = read(t)
+        first_seed = record.seeds[0].seed
         assert f"seed{first_seed}/steps_survived" in run.data.metrics and "min_steps_survived" in run.data.metrics
-        if t.user_attrs["status"] == "diverged":
-            assert int(run.data.tags["divergence_step"]) == t.user_attrs["divergence_step"]
+        if record.state.value == "diverged":
+            assert int(run.data.tags["divergence_step"]) == record.divergence_step
             assert run.data.tags["diverged_on"] in ("loss", "gradient", "weight", "validation")
     return finished
 
@@ -71,7 +73,7 @@ def test_launch_iterated_mlp_races_verifies_and_its_export_holds_on_fresh_seeds(
     assert stability["margin"]["lr_factor"] >= 1.0 and "lowest validation loss" in stability["rule"]
     finished = check_stores(tmp_path, 8)
     study = optuna.load_study(study_name="s1", storage=f"sqlite:///{tmp_path / 't.db'}")
-    assert len({s for t in finished for s in t.user_attrs["seeds"]}) > 4  # each trial its own seeds
+    assert len({s for t in finished for s in read(t).seed_numbers}) > 4  # each trial its own seeds
     assert study.user_attrs["tuner.compute"]["verify"]["runs"] >= 16
     phases = phase_runs(tmp_path)
     assert {"race", "verify", "margin"} <= set(phases) and phases["verify"] >= 1
@@ -109,7 +111,7 @@ def test_launch_counting_cnn_end_to_end_with_the_optimizer_and_clip_mode_searche
     assert doc["config"]["optimizer"] in ("rmsprop", "momentum", "sgd")
     assert doc["config"]["clip_mode"] in ("global", "per_tensor", "value")
     finished = check_stores(tmp_path, 8)
-    tried = {t.user_attrs["config"]["optimizer"] for t in finished}
+    tried = {read(t).config["optimizer"] for t in finished}
     assert tried <= {"rmsprop", "momentum", "sgd"} and len(tried) >= 2  # TPE's random start-up tries several
 
 
@@ -117,7 +119,7 @@ def test_launch_learning_rate_one_diverges_every_trial_and_is_no_success(tmp_pat
     _, doc = launch(tmp_path, "--space", str(FIXTURES / "spaces" / "lr_one.yaml"), trials=4, codes=(3,))
     finished = check_stores(tmp_path, 4)
     assert all(t.state == optuna.trial.TrialState.PRUNED for t in finished)
-    assert all(t.user_attrs["divergence_step"] <= 300 for t in finished)
+    assert all(read(t).divergence_step <= 300 for t in finished)
     assert doc["stability"]["diverged"] is True
     assert doc["config"]["learning_rate"] == 1.0
     assert "No trial survived" in doc["note"]

@@ -18,16 +18,27 @@ from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, PLANTED, run_tuner
 from tuner import studyrecord
 from tuner.errors import ConfigError
 from tuner.evidence import Choice, Margin, Verification
-from tuner.plots import TrialRow, kaplan_meier, other_knob, stability_map, write_plots
-from tuner.report import margin_line, run_report, study_rows, trials_table
+from tuner.plots import kaplan_meier, other_knob, seed_runs, stability_map, write_plots
+from tuner.records import TrialState
+from tuner.report import margin_line, run_report, study_rows
+from tuner.trialrecord import SeedResult, SeedStatus, TrialRecord, varying
+from tuner.views import trials_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def row(number: int, lr: float, survived: tuple[int, ...], status: str = "survived", **config) -> TrialRow:
-    divergence = min(survived) + 1 if status == "diverged" else None
-    return TrialRow(number, status, {"learning_rate": lr, **config}, survived, 100, divergence,
-                    "loss" if divergence else None, 0.1 if status == "survived" else None)
+def row(number: int, lr: float, survived: tuple[int, ...], status: str = "survived", **config) -> TrialRecord:
+    """A trial: survivors reach 100 steps; a diverged trial's weakest seed diverged, the others were cancelled."""
+    seeds = []
+    for i, steps in enumerate(survived):
+        if status == "survived":
+            seeds.append(SeedResult(i, SeedStatus.SURVIVED, steps, steps))
+        elif i == survived.index(min(survived)):
+            seeds.append(SeedResult(i, SeedStatus.DIVERGED, steps + 1, steps, diverged_on="loss"))
+        else:
+            seeds.append(SeedResult(i, SeedStatus.CANCELLED, steps, steps))
+    return TrialRecord(number, TrialState(status), {"learning_rate": lr, **config}, 100, tuple(seeds),
+                       value=0.1 if status == "survived" else None)
 
 
 def test_kaplan_meier_counts_cancelled_siblings_as_censored() -> None:
@@ -37,9 +48,8 @@ def test_kaplan_meier_counts_cancelled_siblings_as_censored() -> None:
     assert np.allclose(alive, [1.0, 0.75, 0.375, 0.375])  # at 31 two runs are at risk, one dies
 
 
-def test_trial_row_seed_runs_mark_only_the_diverged_seed() -> None:
-    r = TrialRow(0, "diverged", {"learning_rate": 1.0}, (40, 55), 100, divergence_step=41, diverged_on="loss")
-    assert r.seed_runs() == [(40, True), (55, False)]
+def test_seed_runs_mark_only_the_diverged_seed() -> None:
+    assert seed_runs(row(0, 1.0, (40, 55), "diverged")) == [(40, True), (55, False)]
 
 
 def test_other_knob_prefers_max_iter_then_the_most_telling_knob() -> None:
@@ -115,23 +125,34 @@ def verified_study(storage: str) -> optuna.Study:
     return study
 
 
-def table_lines(rows: list[TrialRow]) -> dict[int, str]:
-    """Trial number -> its line of the printed trials table."""
-    console = Console(record=True, width=250)
-    console.print(trials_table(rows, {}))
-    lines = console.export_text().splitlines()
-    return {r.number: next(line for line in lines if re.match(rf"\W*{r.number}\s+\W", line)) for r in rows}
+def table_lines(rows: list[TrialRecord], width: int = 250) -> dict[int, str]:
+    """Trial number -> its row of the printed trials table, its cells' lines joined by spaces."""
+    console = Console(record=True, width=width)
+    console.print(trials_table(rows, varying(rows), {}))
+    text = console.export_text()
+    assert "\u2026" not in text  # nothing cut to an ellipsis
+    blocks: dict[int, list[str]] = {}
+    number = None
+    for line in text.splitlines():
+        start = re.match(r"\W*(\d+)\s+\W", line)
+        number = int(start.group(1)) if start else number
+        if number is not None and line.startswith("\u2502"):
+            blocks.setdefault(number, []).append(line)
+    columns = {n: zip(*(line.split("\u2502") for line in b), strict=True) for n, b in blocks.items()}
+    return {n: " | ".join(" ".join(" ".join(c).split()) for c in cols) for n, cols in columns.items()}
 
 
 def test_report_table_shows_seeds_verification_and_did_not_learn(tmp_path: Path) -> None:
     rows = study_rows(verified_study(f"sqlite:///{tmp_path / 't.db'}"))
-    lines = table_lines(rows)
-    assert re.search(r"\bsurvived\s+\W\s+8 \(6 raced\)\s.*\s16/16 \(>= 0\.81\) \*", lines[0])
-    assert re.search(r"8 \(6 raced\)\s.*\s9/16 \(>= 0\.33\)\s", lines[1])
-    assert "*" not in lines[1]
-    assert re.search(r"survived, did not learn\s+\W\s+2\s+\W\s+100,100 / 100", lines[2])
-    assert re.search(r"\bdiverged\s+\W\s+2\s+\W\s+40,100 / 100\s+\W\s+step 41: loss", lines[3])
-    assert "/16" not in lines[2] + lines[3]
+    for width in (250, 80):  # piped output: 80 columns, nothing cut
+        lines = table_lines(rows, width)
+        assert re.search(r"\| survived, val loss 0\.5 seeds 8 \(6 raced\): (100, ){7}100 / 100 \| "
+                         r"16/16 \(>= 0\.81\) \* \| learning_rate=0\.001", lines[0])
+        assert re.search(r"seeds 8 \(6 raced\).* \| 9/16 \(>= 0\.33\) \| learning_rate=0\.003", lines[1])
+        assert "*" not in lines[1]
+        assert "survived, did not learn, val loss 0.7 seeds 2: 100, 100 / 100 |  | learning_rate=1e-05" in lines[2]
+        assert "diverged seeds 2: 40x, 100c / 100 step 41: loss |  | learning_rate=0.1" in lines[3]
+        assert "/16" not in lines[2] + lines[3]
 
 
 def test_report_prints_the_rule_and_the_margin(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -206,7 +227,7 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
     assert (out.parent / "s_survival.png").read_bytes().startswith(PNG)
 
     rows = study_rows(optuna.load_study(study_name="s", storage=storage))
-    statuses = {r.number: r.status for r in rows}
+    statuses = {r.number: r.state.value for r in rows}
     assert sorted(set(statuses.values())) == ["diverged", "survived"]
     client = MlflowClient(tracking)
     runs = client.search_runs([client.get_experiment_by_name("s").experiment_id])
@@ -235,6 +256,7 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
     assert "step 40: loss; iter_1/hazard/Log (forward, iteration 1)" in result.stdout
     diverged = sum(s == "diverged" for s in statuses.values())
     assert f"{diverged} of 4 finished trials diverged" in result.stdout
-    assert "60,60 / 60" in result.stdout  # a survivor's seeds
-    assert re.search(r"diverged\s*\S\s*2\s*\S\s*(39,\d+|\d+,39) / 60", result.stdout)  # the diverged seed survived 39
+    assert "60, 60 / 60" in result.stdout  # a survivor's seeds
+    # both seeds meet the planted fault at step 40: the sibling passes it before it may be cancelled
+    assert re.search(r"diverged\s*\S\s*2\s*\S\s*39x, 39x / 60", result.stdout)
     assert sorted(p.name for p in report_dir.iterdir()) == ["s_stability_map.png", "s_survival.png"]

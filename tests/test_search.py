@@ -20,6 +20,7 @@ from tuner.models import Knob
 from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrialState
 from tuner.search import RACE_Z, Budget, Search, judge, make_pruner, prune_start
 from tuner.spaces import space_from
+from tuner.trialrecord import SeedStatus, read
 
 KNOBS = {"width": Knob("int", 8, 1, 64)}
 
@@ -43,8 +44,12 @@ def outcome_of(spec: RunSpec, bad_seeds: frozenset[int] = frozenset()) -> tuple[
 class FakeExecutor:
     """Runs each spec instantly in process, streaming its records one poll at a time."""
 
-    def __init__(self, slots: int = 2, fail_trial: int | None = None, bad_seeds: frozenset[int] = frozenset()) -> None:
+    def __init__(self, slots: int = 2, fail_trial: int | None = None, bad_seeds: frozenset[int] = frozenset(),
+                 slow: frozenset[int] = frozenset(), at: dict[int, int] | None = None) -> None:
         self.slots, self.fail_trial, self.bad_seeds = slots, fail_trial, bad_seeds
+        self.at = at or {}  # seed -> the step it diverges at, whatever the config
+        self.slow = slow  # seeds whose records come one poll in three (a slower worker)
+        self.polls = 0
         self.running: dict[tuple[int, int], deque[RunRecord]] = {}
         self.cancelled: list[int] = []
         self.submitted: list[RunSpec] = []
@@ -62,6 +67,7 @@ class FakeExecutor:
         if spec.trial == self.fail_trial and spec.seed == spec_seeds(spec.trial)[0]:
             return [RunRecord(spec.trial, spec.seed, 0, RunStatus.FAILED, final=True, error="boom")]
         diverge_at, val = outcome_of(spec, self.bad_seeds)
+        diverge_at = self.at.get(spec.seed, diverge_at)
         end = min(diverge_at or spec.steps + 1, spec.steps + 1)
         out = [
             RunRecord(spec.trial, spec.seed, s, RunStatus.RUNNING, loss=val + 1.0 / s, steps_survived=s,
@@ -92,7 +98,10 @@ class FakeExecutor:
 
     def poll(self, timeout: float) -> list[RunRecord]:
         out = []
+        self.polls += 1
         for key in list(self.running):
+            if key[1] in self.slow and self.polls % 3:
+                continue
             record = self.running[key].popleft()
             out.append(record)
             self.delivered.append(record)
@@ -138,8 +147,8 @@ def test_search_diverged_seed_prunes_trial_and_cancels_siblings() -> None:
     assert executor.finals_before_cancel == []  # cancelled on the divergence alarm, not the final record
     first_step = min(5 + seed % 2 for seed in spec_seeds(0))  # int(0.5 / 0.1) + seed % 2
     assert outcome.divergence is not None and outcome.divergence.step == first_step
-    assert trial.user_attrs["divergence_step"] == first_step
-    assert trial.user_attrs["diverged_on"] == "loss"
+    assert read(trial).divergence_step == first_step
+    assert read(trial).diverged_on == "loss"
 
 
 def test_search_survivor_is_complete_with_mean_val_loss() -> None:
@@ -149,7 +158,7 @@ def test_search_survivor_is_complete_with_mean_val_loss() -> None:
     assert outcome.state is TrialState.COMPLETE
     assert outcome.value == pytest.approx(statistics.fmean(0.01 * (s % 2) for s in spec_seeds(0)))
     trial = search.study.trials[0]
-    assert trial.user_attrs["steps_survived"] == [200, 200]
+    assert read(trial).steps_survived == (200, 200)
     assert sorted(trial.intermediate_values) == list(range(20, 201, 20))
 
 
@@ -159,7 +168,7 @@ def test_search_pruned_trial_reports_last_step_it_reached() -> None:
     search.run()
     trial = search.study.trials[0]
     assert trial.state == optuna.trial.TrialState.PRUNED
-    assert max(trial.intermediate_values) == trial.user_attrs["divergence_step"] - 1
+    assert max(trial.intermediate_values) == read(trial).divergence_step - 1
 
 
 def test_search_failed_seed_fails_trial_with_reason_and_goes_on() -> None:
@@ -170,7 +179,7 @@ def test_search_failed_seed_fails_trial_with_reason_and_goes_on() -> None:
     states = {o.number: o.state for o in outcomes}
     assert states[1] is TrialState.FAIL
     assert search.study.trials[1].state == optuna.trial.TrialState.FAIL
-    assert search.study.trials[1].user_attrs["reason"] == "boom"
+    assert read(search.study.trials[1]).reason == "boom"
     assert len(outcomes) == 3 and all(t.state.is_finished() for t in search.study.trials)
 
 
@@ -205,10 +214,10 @@ def test_search_races_a_new_best_to_eight_shared_seeds_before_telling_it() -> No
     (outcome,) = search.run()
     trial = search.study.trials[0]
     assert outcome.state is TrialState.COMPLETE and trial.state == optuna.trial.TrialState.COMPLETE
-    assert trial.user_attrs["seeds"] == [*spec_seeds(0), *STREAM.race(6)]  # 2 -> 4 -> 8
-    assert trial.user_attrs["phases"] == ["search"] * 2 + ["race"] * 6
+    assert read(trial).seed_numbers == (*spec_seeds(0), *STREAM.race(6))  # 2 -> 4 -> 8
+    assert read(trial).phases == ("search",) * 2 + ("race",) * 6
     assert search.compute.runs == {"search": 2, "race": 6}
-    assert trial.value == pytest.approx(statistics.fmean(0.01 * (s % 2) for s in trial.user_attrs["seeds"]))
+    assert trial.value == pytest.approx(statistics.fmean(0.01 * (s % 2) for s in read(trial).seed_numbers))
 
 
 def test_search_race_seed_divergence_prunes_the_trial_and_tpe_is_told() -> None:
@@ -219,7 +228,7 @@ def test_search_race_seed_divergence_prunes_the_trial_and_tpe_is_told() -> None:
     trial = search.study.trials[0]
     assert outcome.state is TrialState.PRUNED and trial.state == optuna.trial.TrialState.PRUNED
     assert outcome.divergence is not None and outcome.divergence.seed in bad and outcome.divergence.step == 150
-    assert trial.user_attrs["divergence_step"] == 150
+    assert read(trial).divergence_step == 150
     assert search.compute.runs["race"] == 2  # it never got to the 4 seeds of the last level
 
 
@@ -231,7 +240,7 @@ def test_search_races_only_a_trial_that_could_become_the_best() -> None:
     executor.slots = 2  # one trial at a time, so the first is the incumbent when the second ends
     search.run()
     first, second = search.study.trials
-    assert len(first.user_attrs["seeds"]) == 4 and len(second.user_attrs["seeds"]) == 2
+    assert len(read(first).seeds) == 4 and len(read(second).seeds) == 2
     assert second.state == optuna.trial.TrialState.COMPLETE
 
 
@@ -241,8 +250,8 @@ def test_search_survivor_that_did_not_learn_is_recorded_and_never_raced() -> Non
     (outcome,) = search.run()
     trial = search.study.trials[0]
     assert outcome.state is TrialState.COMPLETE and outcome.learned is False
-    assert trial.user_attrs["learned"] is False and trial.user_attrs["init_val_loss"] == INIT_LOSS
-    assert len(trial.user_attrs["seeds"]) == 2
+    assert read(trial).learned is False and read(trial).init_val_loss == INIT_LOSS
+    assert len(read(trial).seeds) == 2
 
 
 def test_budget_race_levels_double_from_the_search_seeds() -> None:
@@ -261,7 +270,7 @@ def test_search_trial_behind_a_racing_trial_waits_and_races_once_that_one_falls_
     search.run()
     leader, second = search.study.trials
     assert leader.state == optuna.trial.TrialState.PRUNED
-    assert second.state == optuna.trial.TrialState.COMPLETE and len(second.user_attrs["seeds"]) == 4
+    assert second.state == optuna.trial.TrialState.COMPLETE and len(read(second).seeds) == 4
 
 
 def test_search_median_pruner_stops_a_finite_trial_behind_and_never_calls_it_diverged() -> None:
@@ -272,8 +281,9 @@ def test_search_median_pruner_stops_a_finite_trial_behind_and_never_calls_it_div
     outcomes = {o.number: o for o in search.run()}
     behind = search.study.trials[5]
     assert outcomes[5].state is TrialState.STOPPED and behind.state == optuna.trial.TrialState.PRUNED
-    assert behind.user_attrs["status"] == "stopped" and behind.user_attrs["divergence_step"] is None
-    assert "at step 100 its loss was behind" in behind.user_attrs["reason"]
+    assert read(behind).state is TrialState.STOPPED and read(behind).divergence_step is None
+    assert "at step 100 its loss was behind" in read(behind).reason
+    assert {s.status for s in read(behind).seeds} == {SeedStatus.CANCELLED}
     assert max(behind.intermediate_values) == 100  # stopped at half the steps, not before
     assert [outcomes[n].state for n in (0, 1, 2, 3, 4, 6)] == [TrialState.COMPLETE] * 6
 
@@ -287,8 +297,8 @@ def test_search_asha_stops_trials_outside_the_best_third_at_a_rung_and_never_cal
     assert [outcomes[n].state for n in range(4)] == [
         TrialState.COMPLETE, TrialState.STOPPED, TrialState.COMPLETE, TrialState.STOPPED]
     behind = search.study.trials[1]
-    assert behind.state == optuna.trial.TrialState.PRUNED and behind.user_attrs["divergence_step"] is None
-    assert "at step 60 its loss was not in the best third" in behind.user_attrs["reason"]
+    assert behind.state == optuna.trial.TrialState.PRUNED and read(behind).divergence_step is None
+    assert "at step 60 its loss was not in the best third" in read(behind).reason
     assert max(behind.intermediate_values) == 60  # the first report at or past the rung (step 50), not before
 
 
@@ -307,5 +317,15 @@ def test_search_races_a_challenger_past_a_raced_incumbent_only_when_better_by_mo
     for lr in (incumbent, close, clear):
         search.study.enqueue_trial({"learning_rate": lr})
     search.run()
-    raced = [len(t.user_attrs["seeds"]) for t in search.study.trials]
+    raced = [len(read(t).seeds) for t in search.study.trials]
     assert raced == [8, 2, 8]  # the close challenger is better on its two seeds, but within the noise
+
+
+def test_search_a_slower_seed_that_diverges_first_still_records_the_earliest_divergence() -> None:
+    late, early = spec_seeds(0)
+    executor = FakeExecutor(slow=frozenset({early}), at={late: 60, early: 30})  # early: a third of the speed
+    search = make_search(1, executor, optuna.samplers.RandomSampler(seed=0))
+    search.study.enqueue_trial({"learning_rate": 10**-2.5})
+    (outcome,) = search.run()
+    assert outcome.divergence is not None and (outcome.divergence.seed, outcome.divergence.step) == (early, 30)
+    assert read(search.study.trials[0]).divergence_step == 30

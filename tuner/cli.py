@@ -91,9 +91,13 @@ def add_report(sub: Any) -> None:
     """The ``report`` command: a finished study's table and plots, from its stores alone."""
     p = sub.add_parser("report", help="table and plots of a study, without training",
                        description="Print a study's trials and write its stability plots.")
-    p.add_argument("--study", required=True, help="study name")
+    p.add_argument("--model", help="the launch's model, whose name is the default study name (default iterated_mlp)")
+    p.add_argument("--study", help="study name (default: the model's name, as launch)")
     p.add_argument("--storage", default="sqlite:///tuner.db", help="Optuna storage URL (default sqlite:///tuner.db)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI to attach the plots to (default: none)")
+    p.add_argument("--tracking-uri",
+                   help="MLflow tracking URI: divergence causes, and the plots attached to the launch run "
+                        "(default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db, as launch, if that file exists)")
+    p.add_argument("--no-tracking", action="store_true", help="do not read or write MLflow")
     p.add_argument("--out-dir", default=".", help="folder for the PNG plots (default: current folder)")
 
 

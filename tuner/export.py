@@ -20,35 +20,20 @@ from typing import Any
 import optuna
 import yaml
 
-from tuner import studyrecord
+from tuner import studyrecord, trialrecord
 from tuner.config import redact
 from tuner.errors import NoTrialFinished
+from tuner.records import TrialState
 from tuner.spaces import TUNER_KNOBS
+from tuner.trialrecord import TrialRecord
 
 _ORDER = ("learning_rate", "clip_norm", "l2_weight", "max_iter")
-_FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-UNVERIFIED_RULE = "lowest validation loss among the COMPLETE trials that learned (not verified on fresh seeds)"
 
 
-def best_trial(study: optuna.Study) -> tuple[optuna.trial.FrozenTrial, str] | None:
-    """The trial to export and the rule that picked it; None if the study has no finished trial."""
-    trials = [t for t in study.get_trials(deepcopy=False, states=_FINISHED) if "config" in t.user_attrs]
-    chosen = studyrecord.choice(study)
-    by_number = {t.number: t for t in trials}
-    if chosen is not None and chosen.trial in by_number:
-        return by_number[chosen.trial], chosen.rule
-    complete = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
-    learned = [t for t in complete if t.user_attrs.get("learned") is not False]
-    if learned:
-        return min(learned, key=lambda t: (t.value, t.number)), UNVERIFIED_RULE
-    if complete:
-        rule = "no COMPLETE trial learned: the lowest validation loss of those that survived"
-        return min(complete, key=lambda t: (t.value, t.number)), rule
-    trials = [t for t in trials if t.user_attrs.get("status") != "stopped"]  # finite, stopped for its loss
-    if not trials:
-        return None
-    rule = "no trial survived the budget: the one whose weakest seed survived longest"
-    return max(trials, key=lambda t: (min(t.user_attrs["steps_survived"], default=0), -t.number)), rule
+def best_trial(study: optuna.Study) -> tuple[TrialRecord, str] | None:
+    """The trial to export and the rule that picked it (``tuner.trialrecord.best``); None if the
+    study has no finished trial."""
+    return trialrecord.best(trialrecord.study_records(study), studyrecord.choice(study))
 
 
 def best_config(study: optuna.Study, storage: str, steps: int, model: str | None = None) -> dict[str, Any]:
@@ -61,38 +46,36 @@ def best_config(study: optuna.Study, storage: str, steps: int, model: str | None
     if found is None:
         raise NoTrialFinished(all_failed_message(study))
     trial, rule = found
-    attrs = trial.user_attrs
-    diverged = trial.state != optuna.trial.TrialState.COMPLETE
-    verified = studyrecord.verifications(study).get(trial.number)
-    margin = studyrecord.margins(study).get(trial.number)
+    diverged = trial.state is not TrialState.COMPLETE
     stability: dict[str, Any] = {
-        "steps": attrs.get("steps", steps),
-        "seeds": attrs["seeds"],
-        "steps_survived": attrs["steps_survived"],
+        "steps": trial.steps or steps,
+        "seeds": list(trial.seed_numbers),
+        "steps_survived": list(trial.steps_survived),
         "diverged": diverged,
-        "val_loss": attrs.get("val_loss"),
-        "learned": attrs.get("learned"),
-        "init_val_loss": attrs.get("init_val_loss"),
+        "val_loss": trial.value,
+        "learned": trial.learned,
+        "init_val_loss": trial.init_val_loss,
         "rule": rule,
-        "verified": verified.to_dict() if verified else None,
+        "verified": trial.verification.to_dict() if trial.verification else None,
     }
-    if margin is not None:
-        stability["margin"] = margin.to_dict()
+    if trial.margin is not None:
+        stability["margin"] = trial.margin.to_dict()
     if diverged:
-        stability["divergence_step"] = attrs.get("divergence_step")
-        stability["diverged_on"] = attrs.get("diverged_on")
+        stability["divergence_step"] = trial.divergence_step
+        stability["diverged_on"] = trial.diverged_on
+        stability["seed_status"] = [s.text() for s in trial.seeds]
     doc: dict[str, Any] = {
-        "config": ordered_config(attrs["config"]),
+        "config": ordered_config(dict(trial.config)),
         "stability": stability,
         "study": {
             "name": study.study_name,
             "model": model,
             "storage": redact(storage),
             "trial": trial.number,
-            "mlflow_run_id": attrs.get("mlflow_run_id"),
+            "mlflow_run_id": trial.run_id,
         },
     }
-    note = _note(diverged, attrs.get("learned"), verified)
+    note = _note(diverged, trial.learned, trial.verification)
     if note:
         doc["note"] = note
     return doc
@@ -109,9 +92,10 @@ def all_failed_message(study: optuna.Study, top: int = 3) -> str:
 
 
 def _reason(trial: optuna.trial.FrozenTrial) -> str:
-    reason = trial.user_attrs.get("reason")
+    record = trialrecord.read(trial)
+    reason = record.reason if record is not None else trial.user_attrs.get("reason")  # set by tuner.liveness
     if not reason:
-        return "interrupted (its launch stopped)" if trial.user_attrs.get("status") is None else "unknown"
+        return "interrupted (its launch stopped)" if record is None else "unknown"
     return " ".join(str(reason).split())[:160]
 
 

@@ -44,9 +44,14 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     from tuner.verify import Runner, verify_study
 
     prepare_environment()
+    quiet_third_party()
     model, space = prepare(config)
     liveness = Liveness(config.grace_period, say=_say)
     skip, skipped = run_preflight(config, model, space)  # before anything is started or created
+    done = finished_study(config)
+    if done is not None:  # the same command again: nothing to train, no cluster, no MLflow run
+        return show_finished(done, config)
+    warn_overwrite(config)
     with ThreadPoolExecutor(1, thread_name_prefix="tuner-mlflow-connect") as pool:
         connecting = pool.submit(connect_tracking, config)  # MLflow's import and store, while Ray starts
         executor = Watched(lambda: RayExecutor(cluster_config(config)), config.address, config.placement_timeout,
@@ -66,7 +71,8 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         stream = studyrecord.seed_stream(study, config.seed)
         budget = Budget(config.trials, config.steps, config.seeds, config.report_every, config.threads,
                         race_seeds=config.race_seeds, prune_from=prune_start(config.pruner, config.steps))
-        with ProgressView(todo, live=config.live, console=console) as view:
+        with ProgressView(todo, live=config.live, console=console, keys=shown_knobs(space),
+                          steps=config.steps) as view:
             callbacks = [c for c in (tracker, view) if c is not None]
             run_id = tracker.run_id if tracker else None
             search = Search(study, space, config.model, executor, budget, callbacks, run_id, skip=skip,
@@ -86,7 +92,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         if tracker:
             tracker.set_launch_metrics(_compute_metrics(search.compute))
             tracker.flush()
-        console.print(summary_table(search.outcomes, space.searched()))
+        console.print(summary_table(search.outcomes, shown_knobs(space), config.steps))
         doc = best_config(study, config.storage, config.steps, config.model)
         write_best(config.out, doc)
         _print_best(doc, config.out)
@@ -193,10 +199,11 @@ def _skip_tags(skip: Any, text: str) -> dict[str, str]:
 def write_study_plots(study: Any, out: str) -> list[str]:
     """The stability map and survival curves beside best_config.yaml (tuner.plots); [] if they fail."""
     from tuner.plots import write_plots
-    from tuner.report import study_rows
+    from tuner.trialrecord import log_knobs, study_records
 
     try:
-        paths = write_plots(study_rows(study), Path(out).resolve().parent, prefix=f"{study.study_name}_")
+        paths = write_plots(study_records(study), Path(out).resolve().parent, prefix=f"{study.study_name}_",
+                            log_knobs=log_knobs(study))
     except Exception as exc:  # plots are a convenience: never lose a finished launch to them
         log.warning("could not write the study plots: %s", exc)
         return []
@@ -302,12 +309,11 @@ def _say(text: str) -> None:
 
 
 def _study_summary(study: Any) -> dict[str, float]:
-    import optuna
+    from tuner.records import TrialState
+    from tuner.trialrecord import study_records
 
-    trials = study.get_trials(deepcopy=False)
-    finished = [t for t in trials if t.state.is_finished()]
-    pruned = sum(t.state == optuna.trial.TrialState.PRUNED and t.user_attrs.get("status") != "stopped"
-                 for t in finished)
+    finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+    pruned = sum(r.state is TrialState.PRUNED for r in study_records(study))
     return {
         "trials_finished": float(len(finished)),
         "diverged_fraction": pruned / len(finished) if finished else math.nan,
@@ -316,9 +322,8 @@ def _study_summary(study: Any) -> dict[str, float]:
 
 
 def _print_best(doc: dict[str, Any], out: str) -> None:
-    import yaml
-
     from tuner.evidence import Verification
+    from tuner.views import best_yaml
 
     stability = doc["stability"]
     verified = stability.get("verified")
@@ -335,5 +340,74 @@ def _print_best(doc: dict[str, Any], out: str) -> None:
     margin = stability.get("margin")
     if margin:
         verdict += f"; survives {margin['lr_factor']:g}x its learning rate"
-    console.print(f"best config ({verdict}) written to {Path(out).resolve()}:", highlight=False)
-    console.print(yaml.safe_dump(doc["config"], sort_keys=False).rstrip(), highlight=False)
+    console.print(f"best config ({verdict}) written to {Path(out).resolve()}:", highlight=False, markup=False)
+    console.print(best_yaml({"config": doc["config"]}), highlight=False, markup=False)
+
+
+def quiet_third_party() -> None:
+    """No INFO lines from MLflow (and the alembic migrations it runs on a new database) in a launch."""
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def shown_knobs(space: SearchSpace) -> list[str]:
+    """The knobs a trial's line and the table show: the learning rate, then the searched ones."""
+    return ["learning_rate", *(k for k in space.searched() if k != "learning_rate")]
+
+
+def finished_study(config: LaunchConfig) -> Any:
+    """The study of ``config`` if it already holds ``--trials`` finished trials, none running, and
+    its export chosen (or no verification asked): the same command run again; else None. Read
+    only: nothing is created."""
+    import optuna
+
+    from tuner import studyrecord
+    from tuner.verify import candidates
+
+    if config.storage.startswith("sqlite:///") and not Path(config.storage.removeprefix("sqlite:///")).is_file():
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        if config.study_name not in optuna.study.get_all_study_names(config.storage):
+            return None
+        study = optuna.load_study(study_name=config.study_name, storage=config.storage)
+    except Exception:  # the launch opens the storage itself and says what is wrong
+        return None
+    trials = study.get_trials(deepcopy=False)
+    if counted(trials) < config.trials or any(t.state == optuna.trial.TrialState.RUNNING for t in trials):
+        return None
+    waiting = config.verify_seeds > 0 and studyrecord.choice(study) is None and candidates(study, 0)
+    return None if waiting else study
+
+
+def show_finished(study: Any, config: LaunchConfig) -> dict[str, Any]:
+    """Say that the study already has its trials, show and write its best config, say how to run more."""
+    from tuner.export import best_config, write_best
+
+    held = counted(study.get_trials(deepcopy=False))
+    console.print(f"study {study.study_name!r} on {redact(config.storage)} already has {held} finished trial(s) "
+                  f"(--trials {config.trials} is the total it should reach): nothing to train.",
+                  highlight=False, markup=False)
+    doc = best_config(study, config.storage, config.steps, config.model)
+    write_best(config.out, doc)
+    _print_best(doc, config.out)
+    console.print(f"to run more trials, give a higher total: --trials {held + config.trials} runs "
+                  f"{config.trials} more; `python -m tuner report --study {study.study_name}` shows them all",
+                  highlight=False, markup=False)
+    return doc
+
+
+def warn_overwrite(config: LaunchConfig) -> None:
+    """Warn before this launch's best config overwrites the one another study wrote to ``--out``."""
+    import yaml
+
+    path = Path(config.out)
+    try:
+        held = yaml.safe_load(path.read_text()) if path.is_file() else None
+        other = held["study"]["name"] if isinstance(held, dict) else None
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        return
+    if other and other != config.study_name:
+        console.print(f"warning: {path} holds study {other!r}'s best config; this launch of study "
+                      f"{config.study_name!r} will overwrite it (pass --out to keep both)",
+                      highlight=False, markup=False)

@@ -1,80 +1,58 @@
 """The study's stability plots, as PNG files (matplotlib's Agg canvas; no display, no pyplot).
 
 - **Stability map**: learning rate (log axis) against ``max_iter``, or else the knob that moves
-  the steps survived most; a circle per survived trial, a cross per diverged one, shaded by the
-  fraction of the budget its weakest seed survived. A config verified on fresh seeds is labelled
-  with its verified survival (``16/16``); the exported (chosen) trial is a star.
+  the steps survived most (on a log axis when it was searched on a log scale); a circle per
+  survived trial, a cross per diverged one, shaded by the fraction of the budget its weakest seed
+  survived (a seed cancelled because a sibling diverged is left out of that). A config verified
+  on fresh seeds is labelled with its verified survival (``16/16``); the exported (chosen) trial is a star.
 - **Survival curves**: the fraction of seed runs still finite at each step (Kaplan-Meier: a seed
-  cancelled because a sibling diverged counts as finite up to its cancellation, not after), for
-  the whole study and per learning-rate band.
+  cancelled because a sibling diverged counts as finite up to its cancellation, not after, and is
+  marked ``|`` there), for the whole study and per learning-rate band.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tuner.evidence import Verification
+from tuner.records import TrialState
+from tuner.trialrecord import SeedStatus, TrialRecord, diverged_share, varying
 
 STABILITY_MAP = "stability_map.png"
 SURVIVAL = "survival.png"
 
 
-@dataclass(frozen=True)
-class TrialRow:
-    """One finished trial as the report and the plots see it (from the Optuna storage).
+def seed_runs(record: TrialRecord) -> list[tuple[int, bool]]:
+    """(last finite step, went non-finite) per seed; a cancelled sibling is censored, not diverged."""
+    return [(s.steps_survived, s.status is SeedStatus.DIVERGED) for s in record.seeds
+            if s.status is not SeedStatus.FAILED]
 
-    ``raced`` counts the seeds run in the race phase (included in ``steps_survived``);
-    ``learned`` says whether the validation loss fell below the loss at initialisation (None:
-    unknown); ``verification`` is the config's run on fresh seeds, if it was verified; ``chosen``
-    marks the trial the selection rule exported.
+
+def survived_fraction(record: TrialRecord) -> float:
+    """Steps the weakest seed that ran to its own end survived, as a fraction of the budget
+    (a seed cancelled because a sibling diverged does not count: it did not end by itself)."""
+    return record.weakest / record.steps if record.steps else 0.0
+
+
+def write_plots(rows: Sequence[TrialRecord], out_dir: str | Path, prefix: str = "",
+                log_knobs: Collection[str] = ()) -> list[Path]:
+    """Write the stability map and the survival curves into ``out_dir``; return their paths.
+
+    ``log_knobs`` are the knobs searched on a log scale (``tuner.trialrecord.log_knobs``): drawn on
+    log axes; the learning rate always is.
     """
-
-    number: int
-    status: str  # survived, diverged or failed
-    config: Mapping[str, Any]
-    steps_survived: tuple[int, ...]  # per seed
-    steps: int  # the budget
-    divergence_step: int | None = None
-    diverged_on: str | None = None
-    val_loss: float | None = None
-    run_id: str | None = None
-    raced: int = 0
-    learned: bool | None = None
-    verification: Verification | None = None
-    chosen: bool = False
-
-    @property
-    def survived_fraction(self) -> float:
-        """Steps the weakest seed survived, as a fraction of the budget."""
-        return min(self.steps_survived, default=0) / self.steps if self.steps else 0.0
-
-    def seed_runs(self) -> list[tuple[int, bool]]:
-        """(last finite step, went non-finite) per seed; a cancelled sibling is censored, not diverged."""
-        events = []
-        for survived in self.steps_survived:
-            diverged = self.status == "diverged" and self.divergence_step is not None and (
-                survived == self.divergence_step - 1
-                or (self.diverged_on == "validation" and survived == self.divergence_step)
-            )
-            events.append((survived, diverged))
-        return events
-
-
-def write_plots(rows: Sequence[TrialRow], out_dir: str | Path, prefix: str = "") -> list[Path]:
-    """Write the stability map and the survival curves into ``out_dir``; return their paths."""
     from matplotlib.figure import Figure
 
-    rows = [r for r in rows if r.status in ("survived", "diverged")]
+    rows = [r for r in rows if r.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    title = _title(rows)
+    title = diverged_share(rows)
     paths = []
-    for name, draw in ((STABILITY_MAP, stability_map), (SURVIVAL, survival_curves)):
+    for name, draw in ((STABILITY_MAP, partial(stability_map, log_knobs=log_knobs)), (SURVIVAL, survival_curves)):
         fig = Figure(figsize=(7, 4.8), layout="constrained")
         draw(fig.add_subplot(), rows)
         fig.suptitle(title, fontsize=10)
@@ -84,18 +62,20 @@ def write_plots(rows: Sequence[TrialRow], out_dir: str | Path, prefix: str = "")
     return paths
 
 
-def stability_map(ax: Any, rows: Sequence[TrialRow]) -> None:
+def stability_map(ax: Any, rows: Sequence[TrialRecord], log_knobs: Collection[str] = ()) -> None:
     """Learning rate against the most telling other knob, survived vs diverged (see module docs)."""
     if not rows:
         ax.text(0.5, 0.5, "no finished trial", ha="center", transform=ax.transAxes)
         return
     knob = other_knob(rows)
     x = np.array([float(r.config["learning_rate"]) for r in rows])
-    y, labels, null_at = _axis_values(
-        [r.config.get(knob) for r in rows] if knob else [min(r.steps_survived, default=0) for r in rows]
-    )
+    values = [r.config.get(knob) for r in rows] if knob else [r.weakest for r in rows]
+    log_y = knob in log_knobs and _numeric(values) and all(v is None or v > 0 for v in values)
+    y, labels, null_at = _axis_values(values, log=log_y)
     points = _markers(ax, x, y, rows)
-    ax.set_xscale("log")
+    _log_axis(ax.xaxis, x)
+    if log_y:
+        _log_axis(ax.yaxis, y)
     ax.set_xlabel("learning rate")
     ax.set_ylabel(knob or "steps survived (weakest seed)")
     if labels is not None:
@@ -107,14 +87,14 @@ def stability_map(ax: Any, rows: Sequence[TrialRow]) -> None:
     ax.figure.colorbar(points, ax=ax, label="fraction of the budget survived (weakest seed)")
 
 
-def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRow]) -> Any:
+def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRecord]) -> Any:
     """Circles (survived), crosses (diverged), a star (the chosen trial), verified survival labels.
 
     Returns:
         The survived trials' scatter (for the colour bar).
     """
-    shade = np.array([r.survived_fraction for r in rows])
-    survived = np.array([r.status == "survived" for r in rows])
+    shade = np.array([survived_fraction(r) for r in rows])
+    survived = np.array([r.state is TrialState.COMPLETE for r in rows])
     chosen = np.array([r.chosen for r in rows])
     style = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0}
     ok, bad = survived & ~chosen, ~survived & ~chosen
@@ -131,16 +111,22 @@ def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRow]) ->
     return points
 
 
-def survival_curves(ax: Any, rows: Sequence[TrialRow]) -> None:
+def survival_curves(ax: Any, rows: Sequence[TrialRecord]) -> None:
     """Fraction of seed runs still finite against the step (see module docs)."""
     budget = max((r.steps for r in rows), default=1)
-    runs = [run for r in rows for run in r.seed_runs()]
+    runs = [run for r in rows for run in seed_runs(r)]
     if not runs:
         ax.text(0.5, 0.5, "no finished trial", ha="center", transform=ax.transAxes)
         return
-    ax.step(*kaplan_meier(runs, budget), where="post", color="k", linewidth=2, label=f"all ({len(runs)} seed runs)")
+    steps, alive = kaplan_meier(runs, budget)
+    ax.step(steps, alive, where="post", color="k", linewidth=2, label=f"all ({len(runs)} seed runs)")
+    cancelled = [s.steps_survived for r in rows for s in r.seeds if s.status is SeedStatus.CANCELLED]
+    if cancelled:  # censored: they stopped because a sibling diverged, not by themselves
+        at = np.array(cancelled, float)
+        ax.plot(at, alive[np.searchsorted(steps, at, side="right") - 1], "|", color="k", markersize=9,
+                label=f"cancelled seed ({len(cancelled)}, censored)")
     for label, band in _lr_bands(rows):
-        band_runs = [run for r in band for run in r.seed_runs()]
+        band_runs = [run for r in band for run in seed_runs(r)]
         ax.step(*kaplan_meier(band_runs, budget), where="post", label=f"{label} ({len(band_runs)})")
     ax.set_xlim(0, budget)
     ax.set_ylim(-0.02, 1.02)
@@ -166,16 +152,13 @@ def kaplan_meier(runs: Sequence[tuple[int, bool]], budget: int) -> tuple[np.ndar
     return np.array(steps), np.array(alive)
 
 
-def other_knob(rows: Sequence[TrialRow]) -> str | None:
+def other_knob(rows: Sequence[TrialRecord]) -> str | None:
     """``max_iter`` if it varies, else the varying knob most associated with the steps survived."""
-    varying = [
-        k for k in rows[0].config
-        if k != "learning_rate" and len({repr(r.config.get(k)) for r in rows}) > 1
-    ]
-    if "max_iter" in varying:
+    moving = varying(rows)[1:] if "learning_rate" in rows[0].config else varying(rows)
+    if "max_iter" in moving:
         return "max_iter"
-    survived = np.array([min(r.steps_survived, default=0) for r in rows], float)
-    scores = {k: _association([r.config.get(k) for r in rows], survived) for k in varying}
+    survived = np.array([r.weakest for r in rows], float)
+    scores = {k: _association([r.config.get(k) for r in rows], survived) for k in moving}
     return max(scores, key=lambda k: scores[k]) if scores else None
 
 
@@ -206,7 +189,23 @@ def _numeric(values: list[Any]) -> bool:
     return bool(present) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
 
 
-def _axis_values(values: list[Any]) -> tuple[np.ndarray, list[str] | None, float | None]:
+def _log_axis(axis: Any, values: np.ndarray) -> None:
+    """A log axis whose labels never run together: decades over two decades or more, else 1-2-5
+    steps, written plainly (``0.0002``), no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    if axis.axis_name == "x":
+        axis.axes.set_xscale("log")
+    else:
+        axis.axes.set_yscale("log")
+    finite = values[np.isfinite(values) & (values > 0)]
+    span = np.log10(finite.max() / finite.min()) if finite.size else 0.0
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0,) if span >= 2 else (1.0, 2.0, 5.0), numticks=8))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _axis_values(values: list[Any], log: bool = False) -> tuple[np.ndarray, list[str] | None, float | None]:
     """Axis positions: numbers as they are (nulls on a line below them), choices as labelled slots.
 
     Returns:
@@ -217,7 +216,7 @@ def _axis_values(values: list[Any]) -> tuple[np.ndarray, list[str] | None, float
         if not np.isnan(numbers).any():
             return numbers, None, None
         low, high = np.nanmin(numbers), np.nanmax(numbers)
-        null_at = low - 0.15 * ((high - low) or 1.0)
+        null_at = low / 3 if log else low - 0.15 * ((high - low) or 1.0)
         return np.where(np.isnan(numbers), null_at, numbers), None, null_at
     labels = sorted({_label(v) for v in values})
     index = {label: i for i, label in enumerate(labels)}
@@ -229,13 +228,13 @@ def _label(value: Any) -> str:
     return value if isinstance(value, str) else repr(value)
 
 
-def _lr_bands(rows: Sequence[TrialRow]) -> list[tuple[str, list[TrialRow]]]:
+def _lr_bands(rows: Sequence[TrialRecord]) -> list[tuple[str, list[TrialRecord]]]:
     """The trials in three learning-rate bands (terciles), when there are enough to split."""
     rates = sorted({float(r.config["learning_rate"]) for r in rows})
     if len(rates) < 3:
         return []
     cuts = np.quantile(rates, [1 / 3, 2 / 3])
-    bands: list[tuple[str, list[TrialRow]]] = []
+    bands: list[tuple[str, list[TrialRecord]]] = []
     for label, low, high in (
         (f"lr < {cuts[0]:.2g}", -np.inf, cuts[0]),
         (f"lr {cuts[0]:.2g} to {cuts[1]:.2g}", cuts[0], cuts[1]),
@@ -245,9 +244,3 @@ def _lr_bands(rows: Sequence[TrialRow]) -> list[tuple[str, list[TrialRow]]]:
         if band:
             bands.append((label, band))
     return bands
-
-
-def _title(rows: Sequence[TrialRow]) -> str:
-    diverged = sum(r.status == "diverged" for r in rows)
-    share = f" ({diverged / len(rows):.0%})" if rows else ""
-    return f"{diverged} of {len(rows)} finished trials diverged{share}"

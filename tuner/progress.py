@@ -1,13 +1,16 @@
 """The terminal view of a launch: live on a terminal, one line per trial otherwise.
 
-It is a Callback of ``tuner.search`` and shows the trials running (each seed's step), how many
-survived, diverged (at which step) and failed, and the best so far; :func:`summary_table` prints
-the table at the end.
+It is a Callback of ``tuner.search`` and shows the trials running (each seed's ``step/total``),
+how many survived, diverged (at which step, on what, at which op) and failed, the elapsed time
+and an estimate of what is left, and the best so far; :func:`summary_table` prints the table at
+the end. Finished trials are shown from their :class:`~tuner.trialrecord.TrialRecord`, as
+``tuner report`` shows them (``tuner.views``).
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -15,23 +18,35 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from tuner import trialrecord, views
 from tuner.records import Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
+from tuner.trialrecord import TrialRecord
 
 
 class ProgressView:
-    """Live progress of a launch (see the module docs)."""
+    """Live progress of a launch (see the module docs).
 
-    def __init__(self, total: int, live: bool | None = None, console: Console | None = None) -> None:
+    Args:
+        total: trials this launch runs.
+        live: redraw in place (default: when stdout is a terminal); else one line per trial.
+        console: where to print.
+        keys: the knobs shown per trial (the searched ones; None: all).
+        steps: the steps of a search run (for ``step/total`` and the estimate of what is left).
+    """
+
+    def __init__(self, total: int, live: bool | None = None, console: Console | None = None,
+                 keys: Sequence[str] | None = None, steps: int = 0) -> None:
         self.console = console or Console(stderr=False)
-        self.total = total
+        self.total, self.keys, self.steps = total, keys, steps
         self.live_mode = sys.stdout.isatty() if live is None else live
         self._running: dict[int, dict[int, int]] = {}  # trial -> seed -> last step
         self._phase: dict[int, str] = {}  # trial -> the phase its runs are in
-        self._configs: dict[int, TrainConfig] = {}
-        self.done: list[TrialOutcome] = []
+        self.done: list[TrialRecord] = []
         self._live: Live | None = None
+        self._started = time.monotonic()
 
     def __enter__(self) -> ProgressView:
+        self._started = time.monotonic()
         if self.live_mode:
             self._live = Live(self._render(), console=self.console, refresh_per_second=4)
             self._live.__enter__()
@@ -45,7 +60,6 @@ class ProgressView:
     def on_trial_start(self, number: int, config: TrainConfig) -> None:
         """Show the trial as running."""
         self._running[number] = {}
-        self._configs[number] = config
         self._refresh()
 
     def on_trial_result(self, record: RunRecord) -> None:
@@ -58,7 +72,6 @@ class ProgressView:
         """Show the config's race, verification or margin runs as running."""
         self._running[number] = {}
         self._phase[number] = phase.value
-        self._configs[number] = config
         self._refresh()
 
     def on_phase_end(self, outcome: TrialOutcome) -> None:
@@ -67,50 +80,62 @@ class ProgressView:
         self._phase.pop(outcome.number, None)
         if self._live is None:
             line = f"  trial {outcome.number} {outcome.phase.value}: {phase_line(outcome)}"
-            self.console.print(line, highlight=False)
+            self.console.print(line, highlight=False, markup=False)
         self._refresh()
 
     def say(self, text: str) -> None:
         """A line about the launch (above the live view when live)."""
-        self.console.print(text, highlight=False)
+        self.console.print(text, highlight=False, markup=False)
 
     def on_trial_complete(self, outcome: TrialOutcome) -> None:
         """Move the trial to the finished counts; print a line when not live."""
         self._running.pop(outcome.number, None)
         self._phase.pop(outcome.number, None)
-        self.done.append(outcome)
+        record = TrialRecord.from_outcome(outcome, self.steps)
+        self.done.append(record)
         if self._live is None:
-            self.console.print(f"[{len(self.done)}/{self.total}] {describe(outcome)}", highlight=False)
+            line = f"[{len(self.done)}/{self.total} {self.clock()}] {views.describe(record, self.keys)}"
+            self.console.print(line, highlight=False, markup=False)
         self._refresh()
+
+    def clock(self) -> str:
+        """``1m05s elapsed, ~3m20s left``: the time so far, and an estimate from the trials' progress."""
+        elapsed = time.monotonic() - self._started
+        done = self.progress()
+        text = f"{_duration(elapsed)} elapsed"
+        if 0 < done < self.total:
+            text += f", ~{_duration(elapsed * (self.total - done) / done)} left"
+        return text
+
+    def progress(self) -> float:
+        """Trials finished, counting a running search trial by its seeds' mean share of the steps."""
+        running = 0.0
+        if self.steps:
+            for number, seeds in self._running.items():
+                if self._phase.get(number, "search") == "search" and seeds:
+                    running += sum(min(s, self.steps) for s in seeds.values()) / (len(seeds) * self.steps)
+        return min(float(self.total), len(self.done) + running)
 
     def _refresh(self) -> None:
         if self._live is not None:
             self._live.update(self._render())
 
     def _render(self) -> Table:
-        counts = {state: sum(o.state is state for o in self.done) for state in TrialState}
-        table = Table(title=f"tuner: {len(self.done)}/{self.total} trials finished", show_header=False)
+        counts = {state: sum(r.state is state for r in self.done) for state in TrialState}
+        table = Table(title=f"tuner: {len(self.done)}/{self.total} trials finished, {self.clock()}", show_header=False)
         table.add_row("survived", str(counts[TrialState.COMPLETE]))
         table.add_row("diverged", str(counts[TrialState.PRUNED]))
         table.add_row("stopped (behind)", str(counts[TrialState.STOPPED]))
         table.add_row("failed", str(counts[TrialState.FAIL]))
+        total = f"/{self.steps}" if self.steps else ""
         for number, seeds in sorted(self._running.items()):
-            steps = ", ".join(f"seed {s}: {step}" for s, step in sorted(seeds.items())) or "starting"
-            table.add_row(f"trial {number} {self._phase.get(number, 'search')}", steps)
-        best = best_outcome(self.done)
-        table.add_row("best so far", describe(best) if best else "-")
+            phase = self._phase.get(number, "search")
+            steps = ", ".join(f"seed {s}: {step}{total if phase == 'search' else ''}"
+                              for s, step in sorted(seeds.items())) or "starting"
+            table.add_row(f"trial {number} {phase}", steps)
+        best = trialrecord.best(self.done)
+        table.add_row("best so far", views.describe(best[0], self.keys) if best else "-")
         return table
-
-
-def best_outcome(outcomes: Iterable[TrialOutcome]) -> TrialOutcome | None:
-    """The best COMPLETE outcome by value, else the longest-surviving one."""
-    outcomes = list(outcomes)
-    complete = [o for o in outcomes if o.state is TrialState.COMPLETE and o.value is not None
-                and o.learned is not False]
-    if complete:
-        return min(complete, key=lambda o: o.value or 0.0)
-    pruned = [o for o in outcomes if o.state is TrialState.PRUNED]
-    return max(pruned, key=lambda o: min(o.steps_survived, default=0)) if pruned else None
 
 
 def phase_line(outcome: TrialOutcome) -> str:
@@ -128,47 +153,13 @@ def phase_line(outcome: TrialOutcome) -> str:
     return text
 
 
-def describe(outcome: TrialOutcome) -> str:
-    """One line about a finished trial."""
-    text = f"trial {outcome.number}: {outcome.state.value}"
-    first = outcome.divergence
-    if outcome.state is TrialState.COMPLETE:
-        text += f", val_loss {outcome.value:.4g}"
-        if outcome.learned is False:
-            text += " (did not learn: not below its loss at init)"
-        raced = sum(r.phase is Phase.RACE for r in outcome.seeds)
-        if raced:
-            text += f", raced on {raced} more seeds"
-    elif first is not None:
-        cause = first.diverged_on.value if first.diverged_on else "?"
-        text += f" at step {first.step} ({cause}, seed {first.seed}"
-        text += ", a race seed)" if first.phase is Phase.RACE else ")"
-    elif outcome.reason:
-        text += f": {outcome.reason.splitlines()[0][:120]}"
-    config = outcome.config
-    clip = "none" if config.clip_norm is None else f"{config.clip_norm:.3g}"
-    return text + f" | lr {config.learning_rate:.3g}, clip {clip}, l2 {config.l2_weight:.3g}"
+def summary_table(outcomes: Iterable[TrialOutcome], keys: Sequence[str] | None = None, steps: int = 0) -> Table:
+    """The trials of this launch as ``tuner report`` shows them (``tuner.views.trials_table``)."""
+    records = [TrialRecord.from_outcome(o, steps) for o in sorted(outcomes, key=lambda o: o.number)]
+    return views.trials_table(records, keys)
 
 
-def summary_table(outcomes: Iterable[TrialOutcome], keys: Iterable[str] | None = None) -> Table:
-    """A table of the trials of this launch: status, steps survived, cause, val loss, config.
-
-    ``keys`` limits the config column to those knobs (the searched ones); None shows all.
-    """
-    outcomes = sorted(outcomes, key=lambda o: o.number)
-    shown = None if keys is None else set(keys)
-    table = Table(title="trials")
-    for column in ("trial", "status", "steps survived", "diverged at", "val_loss"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("config")
-    for o in outcomes:
-        first = o.divergence
-        at = f"{first.step} ({first.diverged_on.value})" if first and first.diverged_on else "-"
-        value = f"{o.value:.4g}" if o.value is not None else "-"
-        config = " ".join(f"{k}={_short(v)}" for k, v in o.config.flat().items() if shown is None or k in shown)
-        table.add_row(str(o.number), o.state.value, ",".join(map(str, o.steps_survived)), at, value, config)
-    return table
-
-
-def _short(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

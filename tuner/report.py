@@ -1,46 +1,75 @@
 """``tuner report``: a study's trials and stability plots, from its stores alone (no training).
 
-The Optuna storage holds every trial's config, status, steps survived per seed, divergence step
-and validation loss (the user attrs ``tuner.search`` sets), how many of its seeds were raced and
-whether it learned; the study's own attrs (``tuner.studyrecord``) add the verifications on fresh
-seeds, the chosen trial with its selection rule, and its learning-rate margin. With
-``--tracking-uri``, the MLflow store adds each divergence's cause (the first non-finite op the
-forensics named), and the plots are attached to the study's latest launch run.
+The Optuna storage holds every trial's :class:`~tuner.trialrecord.TrialRecord` (config, status,
+how each seed ended, the earliest divergence and the op the forensics named, validation loss,
+race seeds, whether it learned); the study's own attrs (``tuner.studyrecord``) add the
+verifications on fresh seeds, the chosen trial with its selection rule, and its learning-rate
+margin. The MLflow store (the same default as launch: ``$MLFLOW_TRACKING_URI``, else
+``sqlite:///mlflow.db``, when that file exists) names the cause of divergences an older study's
+record lacks, and the plots are attached to the study's latest launch run.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
-from tuner import studyrecord
+from tuner import studyrecord, trialrecord
 from tuner.config import redact
 from tuner.errors import ConfigError, TrackingError
-from tuner.evidence import MARGIN_FACTORS, Margin, Verification
-from tuner.plots import TrialRow, write_plots
+from tuner.evidence import MARGIN_FACTORS, Margin
+from tuner.plots import write_plots
+from tuner.trialrecord import TrialRecord, diverged_line, varying
+from tuner.views import trials_table
+
+DEFAULT_TRACKING = "sqlite:///mlflow.db"
 
 
 def run_report(args: argparse.Namespace) -> int:
     """Print the table of ``args.study`` and write its plots into ``args.out_dir``."""
-    console = Console(width=None if Console().is_terminal else 200)
+    console = Console(width=None if Console().is_terminal else 120)
+    args.study = args.study or study_name(getattr(args, "model", None) or "iterated_mlp")
     study = load_study(args.study, args.storage)
-    rows = study_rows(study)
-    causes = mlflow_causes(args.tracking_uri, args.study) if args.tracking_uri else {}
-    console.print(trials_table(rows, causes))
-    console.print(diverged_line(rows), highlight=False)
+    records = study_rows(study)
+    uri = tracking_uri(args)
+    causes = mlflow_causes(uri, args.study) if uri else {}
+    console.print(trials_table(records, varying(records), causes))
+    console.print(diverged_line(records), highlight=False)
     for line in selection_lines(study):
         console.print(line, highlight=False, markup=False)
-    paths = write_plots(rows, args.out_dir, prefix=f"{args.study}_")
-    if args.tracking_uri:
-        attach_plots(args.tracking_uri, args.study, paths)
+    paths = write_plots(records, args.out_dir, prefix=f"{args.study}_", log_knobs=trialrecord.log_knobs(study))
+    if uri:
+        try:
+            attach_plots(uri, args.study, paths)
+        except TrackingError as exc:
+            if args.tracking_uri:
+                raise
+            console.print(f"plots not attached: {exc}", highlight=False, markup=False)  # the default store
     console.print("plots: " + ", ".join(str(p) for p in paths), highlight=False)
     return 0
+
+
+def tracking_uri(args: argparse.Namespace) -> str | None:
+    """``--tracking-uri``, else launch's default (``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``
+    if that file exists); None with ``--no-tracking`` or no store to read."""
+    if getattr(args, "no_tracking", False):
+        return None
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+        return None
+    return uri
+
+
+def study_name(model: str) -> str:
+    """The default study name of ``model``, as launch names it (tuner.config.LaunchConfig.study_name)."""
+    from tuner.config import LaunchConfig
+
+    return LaunchConfig.model_construct(model=model).study_name
 
 
 def load_study(name: str, storage: str) -> Any:
@@ -63,24 +92,9 @@ def load_study(name: str, storage: str) -> Any:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def study_rows(study: Any) -> list[TrialRow]:
-    """The study's finished trials (those tuner recorded), in trial order, with their verifications."""
-    verified = studyrecord.verifications(study)
-    chosen = studyrecord.choice(study)
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        attrs = t.user_attrs
-        if not t.state.is_finished() or "config" not in attrs:
-            continue
-        rows.append(TrialRow(
-            number=t.number, status=str(attrs.get("status", t.state.name.lower())), config=attrs["config"],
-            steps_survived=tuple(attrs.get("steps_survived", ())), steps=int(attrs.get("steps", 0)),
-            divergence_step=attrs.get("divergence_step"), diverged_on=attrs.get("diverged_on"),
-            val_loss=attrs.get("val_loss"), run_id=attrs.get("mlflow_run_id"),
-            raced=sum(phase == "race" for phase in attrs.get("phases", ())), learned=attrs.get("learned"),
-            verification=verified.get(t.number), chosen=chosen is not None and chosen.trial == t.number,
-        ))
-    return rows
+def study_rows(study: Any) -> list[TrialRecord]:
+    """The study's recorded trials in trial order, with their verifications and choice."""
+    return trialrecord.study_records(study)
 
 
 def mlflow_causes(uri: str, experiment: str) -> dict[str, str]:
@@ -111,48 +125,6 @@ def cause_text(tags: Mapping[str, str]) -> str:
     return f"{op} ({', '.join(w for w in where if w)})"
 
 
-def trials_table(rows: Sequence[TrialRow], causes: Mapping[str, str]) -> Table:
-    """Config, status, seeds, steps survived, divergence cause, validation loss and verification of each trial.
-
-    The verified column reads ``16/16 (>= 0.81)``: survived of the fresh-seed runs and the 95% lower
-    bound of the survival rate; ``*`` marks the chosen (exported) trial.
-    """
-    table = Table(title="trials")
-    for column in ("trial", "status", "seeds", "steps survived", "divergence", "val loss", "verified", "config"):
-        table.add_column(column)
-    shown = _varying(rows)
-    for r in rows:
-        divergence = ""
-        if r.divergence_step is not None:
-            divergence = f"step {r.divergence_step}: {r.diverged_on}"
-            cause = causes.get(r.run_id or "") or causes.get(f"trial:{r.number}")
-            divergence += f"; {cause}" if cause else ""
-        val = "" if r.val_loss is None or not math.isfinite(r.val_loss) else f"{r.val_loss:.4g}"
-        config = " ".join(f"{k}={_short(r.config.get(k))}" for k in shown)
-        steps = ",".join(map(str, r.steps_survived)) + (f" / {r.steps}" if r.steps else "")
-        table.add_row(str(r.number), status_text(r), seeds_text(r), steps, divergence, val, verified_text(r), config)
-    return table
-
-
-def status_text(row: TrialRow) -> str:
-    """The trial's status; a survivor whose validation loss stayed at or above its loss at
-    initialisation reads ``survived, did not learn``."""
-    return "survived, did not learn" if row.status == "survived" and row.learned is False else row.status
-
-
-def seeds_text(row: TrialRow) -> str:
-    """How many seeds the trial ran (``8 (6 raced)`` when some were race seeds)."""
-    count = str(len(row.steps_survived))
-    return f"{count} ({row.raced} raced)" if row.raced else count
-
-
-def verified_text(row: TrialRow) -> str:
-    """``16/16 (>= 0.81)`` for a verified trial, ``*`` appended for the chosen one; "" otherwise."""
-    v: Verification | None = row.verification
-    text = "" if v is None else f"{v.survived}/{v.runs} (>= {v.rate_low:.2f})"
-    return f"{text} *".strip() if row.chosen else text
-
-
 def selection_lines(study: Any) -> list[str]:
     """The selection rule that chose the exported trial, and that trial's learning-rate margin."""
     chosen = studyrecord.choice(study)
@@ -179,17 +151,6 @@ def margin_line(trial: int, margin: Margin) -> str:
     return line
 
 
-def diverged_line(rows: Sequence[TrialRow]) -> str:
-    """The fraction of finished trials that diverged."""
-    done = [r for r in rows if r.status in ("survived", "diverged")]
-    diverged = sum(r.status == "diverged" for r in done)
-    stopped = sum(r.status == "stopped" for r in rows)
-    share = f" ({diverged / len(done):.0%})" if done else ""
-    failed = len(rows) - len(done) - stopped
-    text = f"{diverged} of {len(done)} finished trials diverged{share}; {failed} failed"
-    return text + (f"; {stopped} stopped early for a loss behind the median" if stopped else "")
-
-
 def attach_plots(uri: str, experiment: str, paths: Sequence[Path]) -> None:
     """Log the plots on the study's latest launch run."""
     client = _client(uri)
@@ -208,14 +169,3 @@ def _client(uri: str) -> Any:
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)
-
-
-def _varying(rows: Sequence[TrialRow]) -> list[str]:
-    """learning_rate, then the knobs whose value differs between trials."""
-    keys = list(rows[0].config) if rows else []
-    varying = [k for k in keys if k != "learning_rate" and len({repr(r.config.get(k)) for r in rows}) > 1]
-    return ["learning_rate", *varying] if "learning_rate" in keys else varying
-
-
-def _short(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)

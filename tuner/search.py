@@ -3,14 +3,17 @@
 A trial is one config on K seeds, run in parallel. How a trial ends (see design.md):
 
 - every seed reached the budget: COMPLETE, with the validation loss averaged over seeds;
-- a seed went non-finite: the siblings are cancelled at once, the last step reached is reported
-  as an intermediate value (TPE ranks pruned trials by it) and the trial is PRUNED;
+- a seed went non-finite at step s: each sibling is cancelled once it has passed step s (or ended
+  by itself), so a sibling that would diverge before s does, and the trial's earliest divergence
+  does not depend on which worker ran faster; the last step reached is reported as an
+  intermediate value (TPE ranks pruned trials by it) and the trial is PRUNED;
 - a seed failed (model error, or its worker died more than ``max_retries`` times): FAIL.
 
 A trial's seeds come from the study's seed stream (``tuner.evidence.SeedStream``), not 0..K-1
 for every trial. A COMPLETE trial that could become the best races on more seeds before it is
 told (see :class:`Search`). A COMPLETE trial whose validation loss is not below its loss at
-initialisation did not learn (user attr ``learned: false``): it is never raced nor exported.
+initialisation did not learn (``TrialRecord.learned``): it is never raced nor exported. What the
+search learned about a trial is written once, as its :class:`~tuner.trialrecord.TrialRecord`.
 
 Only this driver talks to the Optuna storage; callbacks (MLflow tracking, the terminal view) hear
 ``on_trial_start``, ``on_trial_result`` and ``on_trial_complete``, and ``on_phase_start`` /
@@ -32,6 +35,7 @@ from tuner.evidence import SeedStream
 from tuner.liveness import DUPLICATE_OF, Liveness
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
+from tuner.trialrecord import ATTR, TrialRecord, read
 
 log = logging.getLogger(__name__)
 RACE_Z = 1.0  # a challenger races past a trial on more seeds only when better by this many standard errors
@@ -123,6 +127,8 @@ class _Trial:
     earlier: dict[int, RunRecord] = field(default_factory=dict)  # seed -> final record, earlier phases
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> seed -> loss
     reported: set[int] = field(default_factory=set)
+    reached: dict[int, int] = field(default_factory=dict)  # seed -> last step it reported, this phase
+    diverged_at: int | None = None  # the earliest divergence step seen in this phase
     cancelled: bool = False
     stopped_at: int | None = None  # the step at which the pruner stopped it
 
@@ -264,17 +270,34 @@ class Search:
             return
         for cb in self.callbacks:
             cb.on_trial_result(record)
-        if record.status in (RunStatus.DIVERGED, RunStatus.FAILED) and not active.cancelled:
-            active.cancelled = True  # one unstable seed makes the config unstable: stop the others now
+        active.reached[record.seed] = record.step
+        if record.status is RunStatus.FAILED and not active.cancelled:
+            active.cancelled = True  # a broken run: stop the others now
             self.executor.cancel(record.trial)
+        if record.status is RunStatus.DIVERGED:
+            active.diverged_at = min(record.step, active.diverged_at or record.step)
+        if record.final:
+            active.finals[record.seed] = record
+        self._cancel_past_divergence(active)
         if not record.final:
             if record.status is RunStatus.RUNNING and active.phase is Phase.SEARCH:
                 self._report_progress(active, record)
             return
-        active.finals[record.seed] = record
         self.compute.add(record)
         if len(active.finals) == len(active.seeds):
             self._phase_done(active)
+
+    def _cancel_past_divergence(self, active: _Trial) -> None:
+        """One unstable seed makes the config unstable: once a seed diverged at step s, cancel the
+        trial's other runs as soon as each has passed step s or ended (a sibling that would diverge
+        before s still does, so the earliest divergence is the same however fast each worker ran)."""
+        first = active.diverged_at
+        if first is None or active.cancelled:
+            return
+        if len(active.finals) < len(active.seeds) and all(
+                s in active.finals or active.reached.get(s, 0) >= first for s in active.seeds):
+            active.cancelled = True
+            self.executor.cancel(active.trial.number)
 
     def _report_progress(self, active: _Trial, record: RunRecord) -> None:
         """Report the mean training loss at a step once every seed has reached it (each seed's
@@ -350,6 +373,7 @@ class Search:
         seeds = self.stream.race(level - self.budget.seeds)[raced:]
         active.earlier.update(active.records(phase_only=True))
         active.finals, active.seeds, active.phase, active.cancelled = {}, seeds, Phase.RACE, False
+        active.reached, active.diverged_at = {}, None
         self._racing.add(active.trial.number)
         for cb in self.callbacks:
             cb.on_phase_start(active.trial.number, Phase.RACE, active.config, seeds)
@@ -357,12 +381,12 @@ class Search:
 
     def _finish(self, active: _Trial, outcome: TrialOutcome) -> None:
         number = active.trial.number
-        attrs = trial_attrs(outcome, self._run_id(number) if self._run_id else None)
+        record = TrialRecord.from_outcome(outcome, self.budget.steps, self._run_id(number) if self._run_id else None,
+                                          active.stopped_at)
         try:
             if outcome.state is TrialState.PRUNED:
                 self._report_divergence(active, outcome)
-            for key, value in {**attrs, "steps": self.budget.steps}.items():
-                active.trial.set_user_attr(key, value)
+            active.trial.set_user_attr(ATTR, record.to_dict())
             self.study.tell(number, outcome.value, state=_OPTUNA_STATE[outcome.state])
         except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale by another launch: rerun there
             log.warning("trial %d was marked FAIL by another launch (its heartbeat was late); its rerun counts",
@@ -420,8 +444,9 @@ def standing(study: optuna.Study) -> dict[int, tuple[int, float]]:
     """Trial number -> (seeds survived, validation loss) of the study's COMPLETE trials that learned."""
     out = {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        if t.value is not None and t.user_attrs.get("learned") is not False and "seeds" in t.user_attrs:
-            out[t.number] = (len(t.user_attrs["seeds"]), float(t.value))
+        record = read(t)
+        if t.value is not None and record is not None and record.learned is not False:
+            out[t.number] = (len(record.seeds), float(t.value))
     return out
 
 
@@ -486,23 +511,3 @@ def judge(
         return TrialOutcome(number, config, TrialState.FAIL, seeds, reason=reason, phase=phase)
     value = statistics.fmean(r.val_loss for r in seeds if r.val_loss is not None)
     return TrialOutcome(number, config, TrialState.COMPLETE, seeds, value=value, phase=phase)
-
-
-def trial_attrs(outcome: TrialOutcome, run_id: str | None) -> dict[str, Any]:
-    """What the Optuna trial keeps about its outcome (read back by export and report)."""
-    first = outcome.divergence
-    return {
-        "config": outcome.config.flat(),
-        "status": outcome.state.value,
-        "steps_survived": list(outcome.steps_survived),
-        "seeds": [r.seed for r in outcome.seeds],
-        "val_loss": outcome.value,
-        "divergence_step": first.step if first else None,
-        "diverged_on": first.diverged_on.value if first and first.diverged_on else None,
-        "reason": outcome.reason,
-        "learned": outcome.learned,
-        "init_val_loss": outcome.init_val_loss,
-        "phases": [r.phase.value for r in outcome.seeds],
-        "mlflow_run_id": run_id,
-        "nodes": sorted({str(r.info.get("node_id")) for r in outcome.seeds if r.info.get("node_id")}),
-    }

@@ -210,6 +210,8 @@ def _choices(where: str, name: str, knob: Knob, choices: Any) -> Param:
         problem = knob.problem(choice)
         if problem:
             raise ConfigError(f"{where}: choice {choice!r}: {problem} (valid: {knob.describe()})")
+    if len(set(map(repr, choices))) == 1:  # one choice is a fixed value: not searched, and the preflight checks it
+        return Param(name, knob, fixed=True, value=choices[0])
     return Param(name, knob, choices=tuple(choices))
 
 

@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tuner.errors import TrackingError
@@ -61,6 +62,14 @@ def connect(uri: str) -> Any:
     return client
 
 
+def artifact_location(uri: str) -> str | None:
+    """Where a new experiment's artifacts go: ``mlartifacts/`` beside a SQLite tracking database
+    (not ``./mlruns`` of whatever folder the launch ran in); None (the server's choice) otherwise."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return (Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+
+
 def _unreachable(uri: str, exc: BaseException) -> TrackingError:
     return TrackingError(
         f"cannot reach the MLflow tracking store at {_redact(uri)}: {_first_line(exc)}. "
@@ -87,7 +96,8 @@ class Tracker:
         self.client = client if client is not None else connect(uri)
         try:
             found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
+            self.experiment_id = found.experiment_id if found else self.client.create_experiment(
+                experiment, artifact_location=artifact_location(uri))
             tags = {"tuner.role": "study", "study": experiment, **self._driver}
             parent = self.client.create_run(self.experiment_id, tags=tags, run_name=f"{experiment}-launch")
             self.parent_id = parent.info.run_id
@@ -262,6 +272,8 @@ class Tracker:
     def _close_orphans(self, study: Any, live: set[str]) -> int:
         import optuna
 
+        from tuner.trialrecord import read
+
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
         states = {n: t.state for n, t in trials.items()}
         runs = self.client.search_runs(
@@ -277,7 +289,8 @@ class Tracker:
                 continue  # its driver may be alive and late: it is closed once the trial is failed as stale
             if state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
                 default = "survived" if state == optuna.trial.TrialState.COMPLETE else "diverged"
-                tag = str(trials[int(number)].user_attrs.get("status", default))
+                record = read(trials[int(number)])
+                tag = record.state.value if record is not None else default
                 self.client.set_tag(run.info.run_id, "status", tag)
                 self.client.set_terminated(run.info.run_id, "FINISHED")
             else:

@@ -143,13 +143,14 @@ def candidates(study: Any, race_seeds: int) -> list[tuple[int, float, TrainConfi
     import optuna
 
     from tuner.spaces import config_from_flat
+    from tuner.trialrecord import read
 
-    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.value is not None and "config" in t.user_attrs and t.user_attrs.get("learned") is not False]
-    raced = [t for t in done if len(t.user_attrs.get("seeds", ())) >= race_seeds]
+    done = [(t, r) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.value is not None and (r := read(t)) is not None and r.learned is not False]
+    raced = [(t, r) for t, r in done if len(r.seeds) >= race_seeds]
     pool = raced or done
-    pool.sort(key=lambda t: (t.value, t.number))
-    return [(t.number, float(t.value), config_from_flat(t.user_attrs["config"])) for t in pool]
+    pool.sort(key=lambda tr: (tr[0].value, tr[0].number))
+    return [(t.number, float(t.value), config_from_flat(r.config)) for t, r in pool]
 
 
 def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, race_seeds: int,

@@ -1,0 +1,123 @@
+"""The trial record: one typed attr per trial, per-seed statuses, old studies, and an earliest
+divergence that does not depend on which worker ran faster (real training)."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+
+from tests.conftest import FIXTURES
+from tests.fixtures.nan_sample import first_nan_step
+from tuner.errors import DataError
+from tuner.models import Dataset, Knob
+from tuner.records import DivergedOn, Forensics, RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
+from tuner.trialrecord import ATTR, SeedStatus, TrialRecord, best, read, study_records
+
+
+def outcome() -> TrialOutcome:
+    """Seed 5 diverged at step 34 (a Log op), seed 6 was cancelled at step 40."""
+    diverged = RunRecord(3, 5, 34, RunStatus.DIVERGED, final=True, steps_survived=33, diverged_on=DivergedOn.LOSS,
+                         forensics=Forensics(34, op="iter_2/recompute_input/Log"))
+    cancelled = RunRecord(3, 6, 40, RunStatus.CANCELLED, final=True, steps_survived=40, error="cancelled")
+    return TrialOutcome(3, TrainConfig(1e-2, knobs={"max_iter": 6}), TrialState.PRUNED, (diverged, cancelled))
+
+
+def test_record_round_trips_and_tells_a_cancelled_sibling_from_a_diverged_seed() -> None:
+    record = TrialRecord.from_outcome(outcome(), steps=100, run_id="abc")
+    again = TrialRecord.from_dict(record.to_dict())
+    assert again == record
+    assert [s.status for s in again.seeds] == [SeedStatus.DIVERGED, SeedStatus.CANCELLED]
+    assert (again.divergence_step, again.diverged_on, again.op) == (34, "loss", "iter_2/recompute_input/Log")
+    assert again.weakest == 33  # the cancelled sibling does not count as the weakest seed
+    assert again.seeds[1].text() == "seed 6: cancelled at step 40"
+    with pytest.raises(ValueError, match="newer than this tuner reads"):
+        TrialRecord.from_dict({**record.to_dict(), "version": 99})
+
+
+def test_old_studies_read_from_their_separate_attrs() -> None:
+    study = optuna.create_study()
+    attrs = {"config": {"learning_rate": 0.1}, "status": "diverged", "steps_survived": [40, 50], "seeds": [1, 2],
+             "divergence_step": 41, "diverged_on": "loss", "val_loss": None, "steps": 100}
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.PRUNED, user_attrs=attrs))
+    (record,) = study_records(study)
+    assert record.version == 0 and record.divergence_step == 41
+    assert [s.status for s in record.seeds] == [SeedStatus.DIVERGED, SeedStatus.CANCELLED]
+
+
+def test_best_prefers_learned_survivors_then_the_longest_weakest_seed() -> None:
+    pruned = TrialRecord.from_outcome(outcome(), steps=100)
+    assert best([pruned]) == (pruned, "no trial survived the budget: the one whose weakest seed survived longest")
+
+
+class OneChoice:
+    """A model whose ``data`` knob plants NaN labels when it is ``data_nan``."""
+
+    knobs: Mapping[str, Knob] = {"data": Knob("categorical", "clean", choices=("clean", "data_nan"))}
+
+    def build(self, knobs: Mapping[str, Any]) -> Any:
+        raise NotImplementedError  # the preflight never builds
+
+    def data(self, knobs: Mapping[str, Any]) -> Dataset:
+        y = np.ones(16, np.float32)
+        if knobs["data"] == "data_nan":
+            y[3] = np.nan
+        return Dataset(train=(np.ones((16, 2), np.float32), y), val=(np.ones((4, 2), np.float32), np.ones(4)),
+                       batch_size=4)
+
+
+def test_a_one_choice_list_is_fixed_so_the_preflight_checks_it() -> None:
+    from tuner.launch import run_preflight
+    from tuner.spaces import space_from
+
+    space = space_from({"data": {"choices": ["data_nan"]}}, "one", OneChoice.knobs, "<test>")
+    assert "data" not in space.searched()
+    config = types.SimpleNamespace(model="one", allow_bad_data=False)
+    with pytest.raises(DataError, match="1 sample"):
+        run_preflight(config, OneChoice(), space)
+
+
+class FixedSeeds:
+    """A seed stream whose trials get the seeds given, in that order."""
+
+    def __init__(self, seeds: Mapping[int, tuple[int, ...]]) -> None:
+        self.seeds = seeds
+
+    def search(self, number: int, count: int) -> tuple[int, ...]:
+        return self.seeds[number]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.tf
+def test_same_config_records_the_same_earliest_divergence_whichever_seed_runs_first(ray_cluster: None) -> None:
+    """One run at a time: trial 0 trains its late-diverging seed first, trial 1 its early one. Both record
+    the early seed's step; trial 1's late seed is cancelled (once past that step), not diverged."""
+    from tuner.executor import ClusterConfig, RayExecutor
+    from tuner.search import Budget, Search
+    from tuner.spaces import space_from
+
+    steps = {s: first_nan_step(s) for s in range(1000, 1100)}
+    early = next(s for s in steps if 10 <= steps[s] <= 20)
+    late = next(s for s in steps if steps[s] >= steps[early] + 15)
+    model = f"{FIXTURES / 'nan_sample.py'}:NanSample"
+    space = space_from({"learning_rate": 1e-2}, "nan_sample", {"batch_size": Knob("int", 4, 1, 64)}, "<test>")
+    study = optuna.create_study(direction="minimize")
+    study.enqueue_trial({})
+    study.enqueue_trial({})
+    executor = RayExecutor(ClusterConfig(cpus_per_trial=1, max_concurrent=1))
+    try:
+        Search(study, space, model, executor, Budget(2, 60, seeds=2, report_every=5),
+               stream=FixedSeeds({0: (late, early), 1: (early, late)})).run()  # type: ignore[arg-type]
+    finally:
+        executor.close()
+    first, second = study_records(study)  # the whole study in one call
+    assert first.divergence_step == second.divergence_step == steps[early]
+    assert [s.status for s in first.seeds] == [SeedStatus.DIVERGED, SeedStatus.DIVERGED]
+    assert [s.status for s in second.seeds] == [SeedStatus.DIVERGED, SeedStatus.CANCELLED]
+    assert second.seeds[1].step >= steps[early]  # cancelled only once past the divergence
+    assert read(study.trials[1]) == second and ATTR in study.trials[1].user_attrs
