@@ -29,6 +29,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner import mlflow_ui
 from tuner.errors import TrackingError
 from tuner.records import Forensics, NonFiniteKind, Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
 
@@ -98,6 +99,7 @@ class Tracker:
             found = self.client.get_experiment_by_name(experiment)
             self.experiment_id = found.experiment_id if found else self.client.create_experiment(
                 experiment, artifact_location=artifact_location(uri))
+            self._mark_experiment(found, experiment)
             tags = {"tuner.role": "study", "study": experiment, **self._driver}
             parent = self.client.create_run(self.experiment_id, tags=tags, run_name=f"{experiment}-launch")
             self.parent_id = parent.info.run_id
@@ -118,6 +120,16 @@ class Tracker:
         self._stopping = False
         self._sender = threading.Thread(target=self._send_loop, name="tuner-mlflow", daemon=True)
         self._sender.start()
+
+    def _mark_experiment(self, found: Any, study: str) -> None:
+        """Tag the experiment to open in the MLflow UI's training views with tuner's columns
+        (tuner.mlflow_ui); a description the user wrote is kept."""
+        tags = mlflow_ui.experiment_tags(self.experiment_id, study)
+        note = found.tags.get(mlflow_ui.NOTE_TAG) if found is not None else None
+        if note and not note.startswith(mlflow_ui.NOTE_MARK):
+            del tags[mlflow_ui.NOTE_TAG]
+        for key, value in tags.items():
+            self.client.set_experiment_tag(self.experiment_id, key, value)
 
     def run_id(self, number: int) -> str | None:
         """The child run id of a trial (flushing first if its creation is still queued)."""
@@ -143,12 +155,13 @@ class Tracker:
         """Queue the phase run's summary, tags and end status."""
         name = self._current.pop((outcome.number, outcome.phase.value))
         self._queue_metrics()
-        tags, metrics = outcome_tags(outcome), outcome_metrics(outcome)
+        tags, metrics = {**outcome_tags(outcome), **mlflow_ui.run_labels(name, outcome)}, outcome_metrics(outcome)
         now = int(time.time() * 1000)
+        points = [self._Metric(k, v, now, step) for k, v, step in mlflow_ui.divergence_points(outcome)]
 
         def summary() -> None:
             run_id = self._named[name]
-            self.client.log_batch(run_id, metrics=[self._Metric(k, v, now, 0) for k, v in metrics.items()],
+            self.client.log_batch(run_id, metrics=[self._Metric(k, v, now, 0) for k, v in metrics.items()] + points,
                                   tags=[self._Tag(k, v) for k, v in tags.items()])
             self.client.set_terminated(run_id, _RUN_STATUS[outcome.state])
 
@@ -182,13 +195,15 @@ class Tracker:
         """Queue the trial's summary, tags and end status, then flush."""
         self._queue_metrics()
         number = outcome.number
-        tags, metrics = outcome_tags(outcome), outcome_metrics(outcome)
+        tags = {**outcome_tags(outcome), **mlflow_ui.run_labels(f"trial-{number}", outcome)}
+        metrics = outcome_metrics(outcome)
         now = int(time.time() * 1000)
-        status = _RUN_STATUS[outcome.state]
+        status = _RUN_STATUS[outcome.state]  # a diverged run ends FINISHED: see tuner.mlflow_ui
+        points = [self._Metric(k, v, now, step) for k, v, step in mlflow_ui.divergence_points(outcome)]
 
         def summary() -> None:
             self.client.log_batch(
-                self._runs[number], metrics=[self._Metric(k, v, now, 0) for k, v in metrics.items()],
+                self._runs[number], metrics=[self._Metric(k, v, now, 0) for k, v in metrics.items()] + points,
                 tags=[self._Tag(k, v) for k, v in tags.items()],
             )
 
