@@ -10,11 +10,15 @@ then prints one line per check (``PASS`` or ``FAIL`` and what it found):
   data array, and creates no optimizer;
 - ``data preflight``: the launch's data preflight finds nothing, with the arrays cast to the
   placeholders' dtypes (a float64 value beyond float32, a NaN, a label out of its range);
-- ``loss``: the loss is a scalar and finite at init on the first batch;
-- ``gradients``: a gradient reaches every trainable weight;
-- ``knob NAME``: some other valid value of the knob changes the graph's op count, the data or the
-  loss at init (with the other knobs at their defaults, or with one of them changed, for a knob
-  that only matters together with another);
+- ``loss``: the loss (each of several named losses) is a scalar and finite at init on the first batch;
+- ``gradients``: a gradient reaches every trainable weight; each of several losses trains at least
+  one weight (its ``trains=`` matches some) and some loss trains each; a single loss that sums two
+  adversarial terms (a GAN's ``d_loss + g_loss``: gradients opposed on the weights and on an
+  activation both are computed from) fails;
+- ``knob NAME``: some other valid value of the knob changes the graph's op count, the data, the
+  loss at init or how several losses train (update order, optimizer, learning-rate factor), with
+  the other knobs at their defaults, or with one of them changed (for a knob that only matters
+  together with another);
 - ``knob NAME ends``: a numeric knob at its low and at its high end gives a finite loss at init;
 - ``training``: a few steps of tuner's trainer stay finite.
 
@@ -25,6 +29,7 @@ one line naming the model, the member and the line of code, never as a traceback
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import math
 import random
@@ -44,6 +49,7 @@ from tuner.worker import import_tensorflow
 
 SEED = 0  # graph seed of every build: the same graph gives the same loss at init
 SMOKE = TrainConfig(1e-3, clip_norm=1.0, l2_weight=1e-4)  # the training check's tuner knobs
+OPPOSED = -0.9  # two terms of one summed loss whose gradients' cosine is below this are adversaries
 
 
 @dataclass(frozen=True)
@@ -133,7 +139,7 @@ class Probe:
         self.defaults: dict[str, Any] = {name: knob.default for name, knob in model.knobs.items()}
         self._builds: dict[str, _Built] = {}
         self._datasets: dict[str, Dataset] = {}
-        self._losses: dict[str, float] = {}
+        self._losses: dict[str, dict[str, float]] = {}
 
     # -- the checks ------------------------------------------------------------------------
 
@@ -191,37 +197,100 @@ class Probe:
         return Check(f"knob {name} ends", True, f"loss at init finite at {name}={knob.low!r} and {knob.high!r}")
 
     def loss_check(self) -> Check:
-        """The loss (and the validation loss) is a scalar, finite at init on the first batch."""
+        """Each loss (and the validation loss) is a scalar, finite at init on the first batch."""
         mg = self.build(self.defaults).model
-        for what, tensor in (("loss", mg.loss), ("val_loss", mg.val_loss)):
+        tensors = {("loss" if not mg.losses else f'loss "{name}"'): loss.tensor
+                   for name, loss in mg.all_losses().items()}
+        for what, tensor in (*tensors.items(), ("val_loss", mg.val_loss)):
             shape = getattr(tensor, "shape", None)
             if tensor is not None and (shape is None or shape.rank != 0):
                 return Check("loss", False, f"model {self.spec!r}: build() returned a {what} of shape "
                              f"{shape}; it must be a scalar: reduce it over the batch (tf.reduce_mean)")
         try:
-            value = self.loss(self.defaults)
+            values = self.losses(self.defaults)
         except ModelError as exc:
             return Check("loss", False, str(exc))
-        if not math.isfinite(value):
-            return Check("loss", False, f"model {self.spec!r}: the loss at init is {value} on the first "
-                         "batch; check the data (NaN, huge values) and the loss (log of 0, division by 0)")
-        return Check("loss", True, f"scalar, finite at init on the first batch: {value:.4g}")
+        for name, value in values.items():
+            if not math.isfinite(value):
+                what = "the loss" if not mg.losses else f'loss "{name}"'
+                return Check("loss", False, f"model {self.spec!r}: {what} at init is {value} on the first "
+                             "batch; check the data (NaN, huge values) and the loss (log of 0, division by 0)")
+        if not mg.losses:
+            return Check("loss", True, f"scalar, finite at init on the first batch: {values['loss']:.4g}")
+        each = ", ".join(f"{name} {value:.4g}" for name, value in values.items())
+        return Check("loss", True, f"{len(values)} scalar losses, updated {mg.update}ly, finite at init on the "
+                     f"first batch: {each}")
 
     def gradient_check(self) -> Check:
-        """A gradient reaches every trainable weight."""
+        """A gradient reaches every trainable weight; with several losses, each loss trains at least
+        one weight and a gradient of it reaches each weight it trains."""
         import tensorflow as tf
 
         built = self.build(self.defaults)
         with built.graph.as_default():
             variables = tf.compat.v1.trainable_variables()
-            grads = tf.compat.v1.gradients(built.model.loss, variables)
-        if not variables:
-            return Check("gradients", False, f"model {self.spec!r}: build() creates no trainable weight")
-        dead = [v.op.name for v, g in zip(variables, grads, strict=True) if g is None]
+            if not variables:
+                return Check("gradients", False, f"model {self.spec!r}: build() creates no trainable weight")
+            trained = {name: loss.variables(variables) for name, loss in built.model.all_losses().items()}
+            grads = {name: tf.compat.v1.gradients(built.model.all_losses()[name].tensor, own) if own else []
+                     for name, own in trained.items()}
+        for name, own in trained.items():
+            if not own:
+                return Check("gradients", False, f'model {self.spec!r}: loss "{name}" trains no weight: its trains= '
+                             f"({built.model.losses[name].describe_trains()}) matches none of "
+                             f"{[v.op.name for v in variables][:8]}; name a scope or filter that matches")
+        dead = [v.op.name for name in trained for v, g in zip(trained[name], grads[name], strict=True) if g is None]
         if dead:
             return Check("gradients", False, f"model {self.spec!r}: no gradient reaches {dead}: use them in "
                          "the loss, or create them with trainable=False")
+        covered = {id(v) for own in trained.values() for v in own}
+        idle = [v.op.name for v in variables if id(v) not in covered]
+        if idle:
+            return Check("gradients", False, f"model {self.spec!r}: no loss trains {idle}: add them to a loss's "
+                         "trains=, or create them with trainable=False")
+        if not built.model.losses:
+            return self.adversaries_check(built, variables, grads["loss"])
+        each = ", ".join(f"{name} {len(own)}" for name, own in trained.items())
+        return Check("gradients", True, f"each loss trains its weights ({each}), a gradient reaches each of them")
+
+    def adversaries_check(self, built: _Built, variables: list[Any], grads: list[Any]) -> Check:
+        """A single loss that is a sum of terms pulling its weights in opposite directions (the naive
+        port of a GAN: ``d_loss + g_loss`` under one optimizer) fails; otherwise gradients pass."""
+        terms = _summed_terms(built.model.loss)
+        fight = self._opposed_terms(built, terms, variables) if len(terms) > 1 else None
+        if fight is not None:
+            a, b, cosine = fight
+            return Check("gradients", False, f"model {self.spec!r}: the loss is a sum whose terms {a} and {b} pull "
+                         f"the weights in opposite directions (cosine {cosine:.2f} at init): one optimizer minimizing "
+                         "their sum trains neither (a GAN's d_loss + g_loss); return them as named losses, each "
+                         "with the weights it trains: ModelGraph(losses={...}) (docs/models.md, several losses)")
         return Check("gradients", True, f"a gradient reaches each of the {len(variables)} trainable weight(s)")
+
+    def _opposed_terms(self, built: _Built, terms: list[Any], variables: list[Any]) -> tuple[str, str, float] | None:
+        """Two terms that are adversaries at init on the first batch, or None: their gradients point in
+        opposite directions (cosine below ``OPPOSED``) over the weights both reach and over an
+        activation of the batch both are computed from (a GAN's ``D(G(z))``). Terms that only share
+        weights (a classifier's loss on its positive and its negative samples) are not flagged."""
+        import tensorflow as tf
+
+        pairs = [(i, j) for i in range(len(terms)) for j in range(i + 1, len(terms))]
+        shared = {(i, j): _shared_activations(terms[i], terms[j]) for i, j in pairs}
+        with built.graph.as_default():
+            on_weights = [tf.compat.v1.gradients(t, variables) for t in terms]
+            on_shared = {(i, j): [tf.compat.v1.gradients(terms[k], shared[i, j]) for k in (i, j)] for i, j in pairs}
+            init = tf.compat.v1.global_variables_initializer()
+        fetch = ([_present(g) for g in on_weights],
+                 {key: [_present(g) for g in both] for key, both in on_shared.items()})
+        with tf.compat.v1.Session(graph=built.graph, config=_session()) as sess:
+            sess.run(init)
+            weights, activations = sess.run(fetch, self._feed(built, self.defaults))
+        for i, j in pairs:
+            cosine = _cosine(weights[i], _reached(on_weights[i]), weights[j], _reached(on_weights[j]))
+            (a, b), (ra, rb) = activations[i, j], [_reached(g) for g in on_shared[i, j]]
+            fights = [c for k in range(len(ra)) if (c := _cosine(*_one(a, ra, k), *_one(b, rb, k))) is not None]
+            if cosine is not None and cosine < OPPOSED and fights and min(fights) < OPPOSED:
+                return terms[i].op.name, terms[j].op.name, cosine
+        return None
 
     def knob_check(self, name: str) -> Check:
         """Some other valid value of knob ``name`` changes the graph, the data or the loss at init."""
@@ -259,7 +328,11 @@ class Probe:
         return self._datasets[key]
 
     def loss(self, knobs: Mapping[str, Any]) -> float:
-        """The loss at init on the first batch (seed 0) for ``knobs``."""
+        """The loss at init on the first batch (seed 0) for ``knobs`` (the sum of several losses)."""
+        return sum(self.losses(knobs).values())
+
+    def losses(self, knobs: Mapping[str, Any]) -> dict[str, float]:
+        """Each loss at init on the first batch (seed 0) for ``knobs`` (``{"loss": ...}`` for one)."""
         key = _key(knobs)
         if key not in self._losses:
             self._losses[key] = self._loss(knobs)
@@ -272,6 +345,11 @@ class Probe:
             return f"changes the graph ({ops_a} -> {ops_b} ops)"
         if _fingerprint(self.data(a)) != _fingerprint(self.data(b)):
             return "changes the data"
+        setup_a, setup_b = _training_setup(self.build(a)), _training_setup(self.build(b))
+        changed = [f"{k} {setup_a.get(k)} -> {setup_b.get(k)}" for k in {**setup_a, **setup_b}
+                   if setup_a.get(k) != setup_b.get(k)]
+        if changed:
+            return f"changes how the losses train ({'; '.join(changed)})"
         loss_a, loss_b = self.loss(a), self.loss(b)
         if not (loss_a == loss_b or (math.isnan(loss_a) and math.isnan(loss_b))):
             return f"changes the loss at init ({loss_a:.4g} -> {loss_b:.4g})"
@@ -302,18 +380,26 @@ class Probe:
                              f"got {type(mg).__name__}")
         return _Built(graph, mg, len(graph.get_operations()))
 
-    def _loss(self, knobs: Mapping[str, Any]) -> float:
+    def _loss(self, knobs: Mapping[str, Any]) -> dict[str, float]:
         import tensorflow as tf
 
-        from tuner.train import session_config
-
-        built, batch = self.build(knobs), self.data(knobs).batch(1, SEED)
+        built = self.build(knobs)
         with built.graph.as_default():
             init = tf.compat.v1.global_variables_initializer()
-        with tf.compat.v1.Session(graph=built.graph, config=session_config(1, gpu=False)) as sess:
+        losses = {name: loss.tensor for name, loss in built.model.all_losses().items()}
+        with tf.compat.v1.Session(graph=built.graph, config=_session()) as sess:
             sess.run(init)
-            feed = dict(zip(built.model.inputs, batch, strict=False))
-            return float(self._call("running the loss on the first batch", sess.run, built.model.loss, feed))
+            values = self._call("running the loss on the first batch", sess.run, losses, self._feed(built, knobs))
+        return {name: float(value) for name, value in values.items()}
+
+    def _feed(self, built: _Built, knobs: Mapping[str, Any]) -> dict[Any, Any]:
+        """The first batch (seed 0) for the model's placeholders, and its step seed if it made one."""
+        from tuner.models.base import STEP_SEED
+
+        feed: dict[Any, Any] = dict(zip(built.model.inputs, self.data(knobs).batch(1, SEED), strict=False))
+        with contextlib.suppress(KeyError):  # no step_seed() in the graph
+            feed[built.graph.get_tensor_by_name(STEP_SEED + ":0")] = np.array([SEED, 1], np.int32)
+        return feed
 
     def _call(self, doing: str, fn: Any, *args: Any) -> Any:
         """Call the model's code; any exception becomes a one-line ModelError at its line."""
@@ -367,8 +453,79 @@ def _training(model: Model, spec: str, steps: int, knobs: Mapping[str, Any]) -> 
     setup = f"{steps} step(s), learning rate {SMOKE.learning_rate:g}, clip {SMOKE.clip_norm:g}, L2 {SMOKE.l2_weight:g}"
     if final.status is not RunStatus.SURVIVED:
         return Check("training", False, f"model {spec!r}: {setup} with the default knobs: {final.status} at step "
-                     f"{final.step} ({final.diverged_on} went NaN/Inf); check the data and the loss")
+                     f"{final.step} ({final.cause} went NaN/Inf); check the data and the loss")
     return Check("training", True, f"{setup}: loss {final.loss:.4g}, validation loss {final.val_loss:.4g}")
+
+
+def _training_setup(built: _Built) -> dict[str, str]:
+    """How tuner trains the losses of a build: the update order and each loss's optimizer, learning-rate
+    factor and weights (empty for a model with one loss)."""
+    mg = built.model
+    if not mg.losses:
+        return {}
+    variables = built.graph.get_collection("trainable_variables")
+    setup = {"update": mg.update}
+    setup.update({f'loss "{name}"': f"{loss.optimizer or 'trial optimizer'} at lr x{loss.lr_factor:g} on "
+                  f"{len(loss.variables(variables))} weight(s)" for name, loss in mg.losses.items()})
+    return setup
+
+
+def _session() -> Any:
+    from tuner.train import session_config
+
+    return session_config(1, gpu=False)
+
+
+def _summed_terms(loss: Any) -> list[Any]:
+    """The scalar terms of ``loss`` when it is a sum (``a + b``, ``tf.add_n``), else ``[loss]``."""
+    if loss.op.type not in ("Add", "AddV2", "AddN"):
+        return [loss]
+    terms = [term for t in loss.op.inputs for term in _summed_terms(t)]
+    return terms if all(t.shape.rank == 0 for t in terms) else [loss]
+
+
+def _shared_activations(a: Any, b: Any) -> list[Any]:
+    """The floating tensors of a batch (first dimension unknown) that both ``a`` and ``b`` are computed from."""
+    def ancestors(tensor: Any) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        todo = [tensor]
+        while todo:
+            t = todo.pop()
+            if t.name not in seen:
+                seen[t.name] = t
+                todo.extend(t.op.inputs)
+        return seen
+
+    mine, theirs = ancestors(a), ancestors(b)
+    return [t for name, t in mine.items() if name in theirs and t.dtype.is_floating
+            and t.shape.rank is not None and t.shape.rank >= 1 and t.shape[0] is None]
+
+
+def _present(grads: list[Any]) -> list[Any]:
+    return [g for g in grads if g is not None]
+
+
+def _reached(grads: list[Any]) -> list[bool]:
+    return [g is not None for g in grads]
+
+
+def _one(values: list[Any], reached: list[bool], k: int) -> tuple[list[Any], list[bool]]:
+    """The fetched gradient of entry ``k`` alone, in :func:`_cosine`'s form."""
+    if not reached[k]:
+        return [], [False]
+    return [values[sum(reached[:k])]], [True]
+
+
+def _cosine(a: list[Any], a_reached: list[bool], b: list[Any], b_reached: list[bool]) -> float | None:
+    """Cosine of two gradients (fetched values of the reached weights) over the weights both reach."""
+    ia, ib = iter(a), iter(b)
+    pairs = [(next(ia) if ra else None, next(ib) if rb else None) for ra, rb in zip(a_reached, b_reached, strict=True)]
+    both = [(np.ravel(x), np.ravel(y)) for x, y in pairs if x is not None and y is not None]
+    if not both:
+        return None
+    x, y = np.concatenate([p[0] for p in both]), np.concatenate([p[1] for p in both])
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(x @ y) / norm if norm > 0 and math.isfinite(norm) else None
 
 
 def _key(knobs: Mapping[str, Any]) -> str:

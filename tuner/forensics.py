@@ -17,7 +17,9 @@ Names come from name scopes: ``iter_3/recompute_input/Log`` is a ``Log`` in laye
 pass (``gradients/iter_3/recompute_input/Log_grad/Reciprocal`` differentiates
 ``iter_3/recompute_input/Log``); tuner's ``global_norm/`` and ``clip_by_global_norm/`` count as
 backward too. An update that overflows a weight is reported as the optimizer's apply op of that
-weight (kind ``update``).
+weight (kind ``update``). A model with several losses has tuner's ops of each under the loss's
+name scope (``g_loss/gradients/...``); their kind and layer are read without it. Its alternating
+updates are replayed one ``session.run`` per loss, in order, as trained.
 """
 
 from __future__ import annotations
@@ -110,13 +112,16 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
 
     sess.run(load, {feeds[name]: value for name, value in snapshot.values().items()})
     for k in range(snapshot.step + 1, step):
-        weights_ok, loss, gnorm = sess.run(built.train_fetches, feed(k))
-        if not (weights_ok and np.isfinite(loss) and np.isfinite(gnorm)):
+        if not all(_finite(sess.run(run.fetches, feed(k))) for run in built.runs):
             note = f"the replay from step {snapshot.step} diverged earlier, at step {k}; not analysed"
             return Forensics(step, replayed_from=snapshot.step, note=note)
-    values, _ = sess.run((checked, built.train_fetches), feed(step))
-    bad = {t.name for t, v in zip(checked, values, strict=True) if not np.all(np.isfinite(v))}
-    ops = [op for op in built.graph.get_operations() if any(t.name in bad for t in op.outputs)]
+    ops: list[Any] = []
+    for run, tensors in zip(built.runs, checked, strict=True):  # alternating losses: one run each, in order
+        values, _ = sess.run((tensors, run.fetches), feed(step))
+        bad = {t.name for t, v in zip(tensors, values, strict=True) if not np.all(np.isfinite(v))}
+        ops = [op for op in built.graph.get_operations() if any(t.name in bad for t in op.outputs)]
+        if ops:
+            break
     if not ops:
         note = f"the replay of step {step} stayed finite: the divergence did not reproduce"
         if stateful:
@@ -126,12 +131,23 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
         return Forensics(step, replayed_from=snapshot.step, note=note)
     origin = next((op for op in ops if not any(t.name in bad for t in op.inputs)), ops[0])
     listed = tuple(op.name for op in ops[:LISTED])
-    return replace(describe(origin), step=step, nonfinite_ops=listed, replayed_from=snapshot.step)
+    found = describe(origin, built.losses if len(built.losses) > 1 else ())
+    return replace(found, step=step, nonfinite_ops=listed, replayed_from=snapshot.step)
 
 
-def describe(op: Any) -> Forensics:
-    """Kind, layer and loop iteration of ``op`` from its name scopes (step left 0)."""
-    if op.name.startswith(UPDATED_SCOPE + "/") and op.type == "ReadVariableOp":
+def _finite(fetched: Sequence[Any]) -> bool:
+    """Whether a run's fetches, ``(weights_ok, loss, grad_norm)`` per loss, are all finite."""
+    return all(bool(v) if k % 3 == 0 else bool(np.isfinite(v)) for k, v in enumerate(fetched))
+
+
+def describe(op: Any, losses: Sequence[str] = ()) -> Forensics:
+    """Kind, layer and loop iteration of ``op`` from its name scopes (step left 0).
+
+    ``losses``: the loss names of a model with several, whose name scopes hold tuner's ops of each
+    loss (``g_loss/gradients/...``); such an op is read without its loss's scope.
+    """
+    name = _tuner_part(op.name, losses)
+    if name.startswith(UPDATED_SCOPE + "/") and op.type == "ReadVariableOp":
         variable = op.inputs[0].op
         apply = _apply_op(op.graph, variable)
         layer, iteration, _ = locate(variable.name)
@@ -140,11 +156,18 @@ def describe(op: Any) -> Forensics:
             op_type=apply.type if apply else op.type, layer=layer, iteration=iteration,
             note=f"the update of weight {variable.name} made it non-finite",
         )
-    kind = NonFiniteKind.BACKWARD if op.name.startswith(_BACKWARD) else NonFiniteKind.FORWARD
-    if op.name.startswith("Adam/") or op.type.startswith(("ResourceApply", "Apply")):
+    kind = NonFiniteKind.BACKWARD if name.startswith(_BACKWARD) else NonFiniteKind.FORWARD
+    if name.startswith("Adam/") or op.type.startswith(("ResourceApply", "Apply")):
         kind = NonFiniteKind.UPDATE
-    layer, iteration, forward_op = locate(op.name)
+    layer, iteration, forward_op = locate(name)
     return Forensics(0, kind, op=op.name, op_type=op.type, layer=layer, iteration=iteration, forward_op=forward_op)
+
+
+def _tuner_part(name: str, losses: Sequence[str]) -> str:
+    """``name`` without the loss scope of one of ``losses`` when tuner made it there (``g_loss/gradients/...``)."""
+    first, _, rest = name.partition("/")
+    tuner_scopes = (*_BACKWARD, UPDATED_SCOPE + "/")
+    return rest if first in losses and rest.startswith(tuner_scopes) else name
 
 
 def locate(name: str) -> tuple[str | None, int | None, str | None]:
@@ -165,19 +188,21 @@ def locate(name: str) -> tuple[str | None, int | None, str | None]:
     return (rest[0] if rest else None), iteration, forward_op
 
 
-_TOOLS: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, Any], list[Any], list[str]]] = weakref.WeakKeyDictionary()
+_TOOLS: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, Any], list[list[Any]], list[str]]] = (
+    weakref.WeakKeyDictionary())
 
 
-def _tools(built: Built) -> tuple[Any, dict[str, Any], list[Any], list[str]]:
-    """The snapshot loader, the checked tensors and the stateful random ops of a train step of
-    ``built``, made once per graph (a kept graph serves many runs)."""
+def _tools(built: Built) -> tuple[Any, dict[str, Any], list[list[Any]], list[str]]:
+    """The snapshot loader, the checked tensors of each run of a train step, and its stateful random
+    ops, for ``built``, made once per graph (a kept graph serves many runs)."""
     if built.graph not in _TOOLS:
         with built.graph.as_default():
             load, feeds = _loader(built.state)
-            needed = _needed(built.train_fetches)
-            checked = [t for op in built.graph.get_operations() if op in needed
-                       for t in op.outputs if t.dtype.is_floating and built.graph.is_fetchable(t)]
-            stateful = [op.name for op, _ in built.random_ops if op in needed]
+            needs = [_needed(run.fetches) for run in built.runs]
+            checked = [[t for op in built.graph.get_operations() if op in needed
+                        for t in op.outputs if t.dtype.is_floating and built.graph.is_fetchable(t)]
+                       for needed in needs]
+            stateful = [op.name for op, _ in built.random_ops if any(op in needed for needed in needs)]
             _TOOLS[built.graph] = (load, feeds, checked, stateful)
     return _TOOLS[built.graph]
 

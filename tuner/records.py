@@ -51,6 +51,14 @@ OPTIMIZERS = ("adam", "rmsprop", "momentum", "sgd", "adagrad")  # tf.compat.v1.t
 CLIP_MODES = ("global", "per_tensor", "value")  # clip_by_global_norm, clip_by_norm per tensor, clip_by_value
 
 
+def cause_text(on: DivergedOn, loss: str | None = None) -> str:
+    """``gradient``, or for a model with several losses ``gradient of loss "g_loss"``."""
+    if loss is None:
+        return on.value
+    what = {DivergedOn.GRADIENT: "gradient of ", DivergedOn.WEIGHT: "update of "}.get(on, "")
+    return f'{what}loss "{loss}"'
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """One point of the search space: tuner's knobs plus the model's own knobs.
@@ -214,6 +222,12 @@ class RunRecord:
     forensics: Forensics | None = None
     phase: Phase = Phase.SEARCH
     init_val_loss: float | None = None
+    diverged_loss: str | None = None  # a model with several losses: the one that went non-finite first
+
+    @property
+    def cause(self) -> str | None:
+        """What went non-finite first, in words (:func:`cause_text`); None if nothing did."""
+        return cause_text(self.diverged_on, self.diverged_loss) if self.diverged_on else None
 
     @property
     def divergence_step(self) -> int | None:

@@ -401,6 +401,8 @@ def outcome_tags(outcome: TrialOutcome) -> dict[str, str]:
         tags["divergence_step"] = str(first.step)
         tags["diverged_on"] = first.diverged_on.value if first.diverged_on else "unknown"
         tags["diverged_seed"] = str(first.seed)
+        if first.diverged_loss is not None:  # a model with several losses: the one that went first
+            tags["diverged_loss"] = first.diverged_loss
     if first is not None and first.forensics is not None:
         tags.update(forensics_tags(first.forensics))
     if outcome.reason:
@@ -436,7 +438,8 @@ def divergence_doc(outcome: TrialOutcome) -> dict[str, Any] | None:
     if first is None or first.forensics is None:
         return None
     cause = first.diverged_on.value if first.diverged_on else None
-    return {"trial": outcome.number, "seed": first.seed, "diverged_on": cause, **first.forensics.to_dict()}
+    return {"trial": outcome.number, "seed": first.seed, "diverged_on": cause, "diverged_loss": first.diverged_loss,
+            **first.forensics.to_dict()}
 
 
 def outcome_metrics(outcome: TrialOutcome) -> dict[str, float]:

@@ -8,6 +8,12 @@ weight, the largest |value| of each watched tensor and a snapshot of every varia
 update, so a divergence can be replayed from there (``tuner.forensics``). Everything else the
 telemetry reports is Python on the numbers already fetched (``tuner.telemetry``).
 
+A model with several named losses (``ModelGraph.losses``) gets an optimizer, an L2 term and
+clipping per loss, each under a name scope of the loss's name; a step is one ``session.run``
+(simultaneous updates) or one per loss (alternating, :class:`TrainRun`), and each fetches its
+losses' values, gradient norms and updated-weights flags, so the first non-finite one names its
+loss (:class:`Cause`). A model with one loss builds exactly as before, without such scopes.
+
 Graph reuse: tuner's own knobs (learning rate, decay, clip norm, L2 weight) are fed at run time
 (:class:`Hyper`), so the graph depends only on the model's knobs. A worker keeps the graphs of the
 last few model configs (:class:`Graphs`) and, for a run on another seed, sets the seed attribute
@@ -25,14 +31,14 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-from tuner.models.base import STEP_SEED, Dataset, Model, ModelGraph
-from tuner.records import DivergedOn, Forensics, RunRecord, RunSpec, RunStatus, TrainConfig
+from tuner.models.base import STEP_SEED, Dataset, Loss, Model, ModelGraph
+from tuner.records import DivergedOn, Forensics, RunRecord, RunSpec, RunStatus, TrainConfig, cause_text
 from tuner.telemetry import Telemetry
 
 tf1 = tf.compat.v1
@@ -93,8 +99,8 @@ class Hyper:
         sess.run(self.assign, {self._values: np.asarray(self.values(config), np.float32)})
 
 
-def make_optimizer(name: str, hyper: Hyper, learning_rate: Any) -> Any:
-    """The ``tf.compat.v1.train`` optimizer ``name``, its knobs fed from ``hyper``."""
+def make_optimizer(name: str, hyper: Hyper | _Fixed, learning_rate: Any) -> Any:
+    """The ``tf.compat.v1.train`` optimizer ``name``, its knobs fed from ``hyper`` (or fixed)."""
     if name == "adam":
         return tf1.train.AdamOptimizer(learning_rate, epsilon=hyper.epsilon)
     if name == "rmsprop":
@@ -109,25 +115,55 @@ def make_optimizer(name: str, hyper: Hyper, learning_rate: Any) -> Any:
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+@dataclass(frozen=True)
+class TrainRun:
+    """One ``session.run`` of a train step: the updates of one or more losses, and their checks.
+
+    A model with one loss, or several updated simultaneously, has one per step; several losses
+    updated alternately have one each, in order (see ``tuner.models.Loss``).
+    """
+
+    losses: tuple[str, ...]  # the losses it updates, in order
+    fetches: tuple[Any, ...]  # per loss: (its weights finite after the update, the loss, its gradient norm)
+    report_names: tuple[str, ...]  # the metrics of report steps, in the order of report_values
+    report_values: Any  # float32 vector fetched with the train op on report steps
+    clipped: Any  # bool tensor: this step's clipping changed a gradient (None: the driver tells, global mode)
+
+
 @dataclass
 class Built:
     """A model graph with tuner's optimizer, L2 term, clipping and checks added."""
 
     graph: tf.Graph
     model: ModelGraph
-    train_fetches: tuple[Any, ...]  # (weights_finite, loss, grad_norm) after the train op
+    runs: tuple[TrainRun, ...]  # the session.runs of one train step, in order
     val_loss: Any
-    report_names: tuple[str, ...]  # the metrics of report steps, in the order of report_values
-    report_values: Any  # float32 vector fetched with the train op on report steps
     state: list[Any]  # every global variable (weights, Adam slots, global step): the snapshot
-    state_reader: StateReader
+    state_reader: StateReader  # fetched with the last run of a step: the state after the step
     hyper: Hyper
-    clipped: Any  # bool tensor: this step's clipping changed a gradient (None: the driver tells, global mode)
     init: Any  # the initializer of every global variable
     seed: int  # the graph-level seed its random ops now carry (see reseed)
     random_ops: list[tuple[Any, int]] = field(default_factory=list)  # (op, its op seed): every random op
     step_seed: Any = None  # the model's step_seed() placeholder, if it made one
     reusable: bool = True  # its random ops' seeds follow TensorFlow's rule, so reseed gives a fresh build's
+
+    @property
+    def losses(self) -> tuple[str, ...]:
+        """The names of the losses it trains (``("loss",)`` for a model with one)."""
+        return tuple(name for run in self.runs for name in run.losses)
+
+    @property
+    def train_fetches(self) -> tuple[Any, ...]:
+        """``(weights_ok, loss, grad_norm)`` of a one-loss model's step (see :attr:`runs` for several)."""
+        if len(self.runs) != 1:
+            raise ValueError("an alternating multi-loss step is several session.runs: use Built.runs")
+        return self.runs[0].fetches
+
+    @property
+    def clipped(self) -> Any:
+        """The clip flag of a one-run step (None in global clip mode)."""
+        self.train_fetches  # noqa: B018  (raises for several runs)
+        return self.runs[0].clipped
 
     def start(self, sess: Any, config: TrainConfig) -> None:
         """Initialise every variable in ``sess`` and set tuner's knobs to ``config``'s."""
@@ -188,44 +224,124 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
 
     Raises:
         BuildStopped: ``should_stop()`` turned true during the build.
+        ValueError: a loss is not a scalar, or trains no variable.
     """
     graph = tf.Graph() if should_stop is None else StoppableGraph(should_stop)
     with graph.as_default():
         tf1.set_random_seed(seed)
         with _python_seeded(seed):
             mg = model.build(config.knobs)
-        _check_scalar(mg.loss, "loss")
+        losses = mg.all_losses()
+        for name, loss in losses.items():
+            _check_scalar(loss.tensor, f'loss "{name}"' if mg.losses else "loss")
         hyper = Hyper()
-        variables = tf1.trainable_variables()
-        total = mg.loss + _l2_term(variables, hyper.l2_weight)
         step = tf1.train.get_or_create_global_step()
-        optimizer = make_optimizer(config.optimizer, hyper, _learning_rate(hyper, step))
-        grads_and_vars = optimizer.compute_gradients(total, variables, gate_gradients=NO_GATE)
-        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
-        grads = [g for g, _ in pairs]
-        grad_norm = tf.linalg.global_norm(grads)
-        report_names, report_values = _report_tensors(pairs, mg.watch)
-        grads, clipped = _clip(grads, grad_norm, hyper, config.clip_mode)
-        with tf.control_dependencies(tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)):
-            train_op = optimizer.apply_gradients(zip(grads, [v for _, v in pairs], strict=True), step)
-        with tf.control_dependencies([train_op]), tf.name_scope(UPDATED_SCOPE):
-            finite = [tf.reduce_all(tf.math.is_finite(v.read_value())) for _, v in pairs]
-            weights_ok = tf.reduce_all(tf.stack(finite))
-        val_loss = mg.val_loss if mg.val_loss is not None else mg.loss
+        learning_rate = _learning_rate(hyper, step)
+        trainable = tf1.trainable_variables()
+        parts = [_LossPart(name, loss, trainable, config, hyper, learning_rate, bool(mg.losses))
+                 for name, loss in losses.items()]
+        runs, train_op = _train_runs(parts, mg, step)
+        val_loss = mg.val_loss if mg.val_loss is not None else _reported_loss(mg)
         state = tf1.global_variables()
         with tf.control_dependencies([train_op]):
-            reader = StateReader(state)  # read after the update, when fetched with the train op
+            reader = StateReader(state)  # read after the update, when fetched with the (last) train op
         init = tf1.global_variables_initializer()
     if isinstance(graph, StoppableGraph):
         graph.stop_checks()  # the run's cancel flag is not asked again by ops made later in this graph
-    fetches = (weights_ok, mg.loss, grad_norm)
     random_ops, reusable = _random_ops(graph, seed)
     try:
         step_seed = graph.get_tensor_by_name(STEP_SEED + ":0")
     except KeyError:
         step_seed = None
-    return Built(graph, mg, fetches, val_loss, report_names, report_values, state, reader, hyper, clipped, init,
-                 seed, random_ops=random_ops, reusable=reusable, step_seed=step_seed)
+    return Built(graph, mg, runs, val_loss, state, reader, hyper, init, seed,
+                 random_ops=random_ops, reusable=reusable, step_seed=step_seed)
+
+
+class _Fixed:
+    """TensorFlow's own momentum, rho and epsilon of optimizer ``name`` (a loss's own optimizer)."""
+
+    def __init__(self, name: str) -> None:
+        defaults = OPTIMIZER_DEFAULTS[name]
+        self.momentum, self.rho, self.epsilon = (defaults.get(k, 0.0) for k in ("momentum", "rho", "epsilon"))
+
+
+class _LossPart:
+    """One loss's share of the graph: its optimizer, L2 term, gradients, clipping and telemetry.
+
+    A model with several losses gets each under a name scope of the loss's name (``g_loss/gradients/...``,
+    ``g_loss/Adam/...``), so forensics names the loss of a tuner op; a model with one loss gets none.
+    """
+
+    def __init__(self, name: str, loss: Loss, trainable: list[Any], config: TrainConfig, hyper: Hyper,
+                 learning_rate: Any, scoped: bool) -> None:
+        self.name, self.loss, self.scoped = name, loss, scoped
+        variables = loss.variables(trainable)
+        if not variables:
+            raise ValueError(f'loss "{name}" trains no variable: its trains= ({loss.describe_trains()}) matches none '
+                             f"of the trainable variables {[v.op.name for v in trainable][:8]}")
+        kind = loss.optimizer or config.optimizer
+        with self.scope():
+            total = loss.tensor + _l2_term(variables, hyper.l2_weight)
+            rate = learning_rate if loss.lr_factor == 1.0 else learning_rate * loss.lr_factor
+            self.optimizer = make_optimizer(kind, hyper if kind == config.optimizer else _Fixed(kind), rate)
+            grads_and_vars = self.optimizer.compute_gradients(total, variables, gate_gradients=NO_GATE)
+            self.pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+            grads = [g for g, _ in self.pairs]
+            self.grad_norm = tf.linalg.global_norm(grads)
+            self.grads, self.clipped = _clip(grads, self.grad_norm, hyper, config.clip_mode)
+
+    def scope(self) -> Any:
+        """The loss's name scope (re-entered exactly), or none for a model's only loss."""
+        return tf.name_scope(self.name + "/") if self.scoped else contextlib.nullcontext()
+
+    def apply(self, step: Any | None) -> Any:
+        """The update of the loss's weights (incrementing ``step`` when given)."""
+        with self.scope():
+            return self.optimizer.apply_gradients(zip(self.grads, [v for _, v in self.pairs], strict=True), step)
+
+    def fetches(self, train_op: Any) -> tuple[Any, Any, Any]:
+        """(its weights finite after ``train_op``, the loss, its unclipped gradient norm)."""
+        with tf.control_dependencies([train_op]), self.scope(), tf.name_scope(UPDATED_SCOPE):
+            finite = [tf.reduce_all(tf.math.is_finite(v.read_value())) for _, v in self.pairs]
+            weights_ok = tf.reduce_all(tf.stack(finite))
+        return weights_ok, self.loss.tensor, self.grad_norm
+
+
+def _train_runs(parts: list[_LossPart], mg: ModelGraph, step: Any) -> tuple[tuple[TrainRun, ...], Any]:
+    """The session.runs of a train step (one, or one per loss when alternating) and the last train op.
+
+    The last update of a step increments the global step. Simultaneous updates of several losses
+    wait for every gradient, so no loss sees a weight another one already updated.
+    """
+    groups = [parts] if mg.update == "simultaneous" else [[p] for p in parts]
+    runs, train_op = [], None
+    for i, group in enumerate(groups):
+        last = i == len(groups) - 1
+        waits = tf1.get_collection(tf1.GraphKeys.UPDATE_OPS)
+        if len(group) > 1:
+            waits = waits + [g.op for p in group for g in p.grads]
+        with tf.control_dependencies(waits):
+            applies = [p.apply(step if last and j == len(group) - 1 else None) for j, p in enumerate(group)]
+        train_op = applies[0] if len(applies) == 1 else tf.group(*applies, name="train_step")
+        fetches = tuple(f for p in group for f in p.fetches(train_op))
+        names, values = _joined_reports(group, mg.watch if i == 0 else {})
+        flags = [p.clipped for p in group if p.clipped is not None]
+        clipped = (flags[0] if len(flags) == 1 else tf.reduce_any(tf.stack(flags))) if flags else None
+        runs.append(TrainRun(tuple(p.name for p in group), fetches, names, values, clipped))
+    return tuple(runs), train_op
+
+
+def _joined_reports(group: list[_LossPart], watch: Mapping[str, Any]) -> tuple[tuple[str, ...], Any]:
+    """The report metrics of the losses of one run (per-weight gradient norms; ``grad_norm/g_loss/...``
+    for a model with several losses) and of the watched tensors, as one vector."""
+    return _report_tensors([(f"{p.name}/" if p.scoped else "", g, v) for p in group for g, v in p.pairs], watch)
+
+
+def _reported_loss(mg: ModelGraph) -> Any:
+    """The training loss a run reports: the model's loss, or the sum of its losses."""
+    if mg.loss is not None:
+        return mg.loss
+    return tf.add_n([loss.tensor for loss in mg.losses.values()], name="sum_of_losses")
 
 
 @contextlib.contextmanager
@@ -335,14 +451,14 @@ class Graphs:
         self._kept.clear()
 
 
-def _report_tensors(pairs: list[tuple[Any, Any]], watch: Mapping[str, Any]) -> tuple[tuple[str, ...], Any]:
+def _report_tensors(pairs: list[tuple[str, Any, Any]], watch: Mapping[str, Any]) -> tuple[tuple[str, ...], Any]:
     """Per-weight gradient norms (before clipping) and the largest |value| of each watched tensor.
 
-    Stacked into one vector: one fetch costs ~15 us, so 25 separate scalars would cost more than
-    what they measure.
+    ``pairs``: (metric prefix, gradient, variable). Stacked into one vector: one fetch costs ~15 us,
+    so 25 separate scalars would cost more than what they measure.
     """
     with tf.name_scope("telemetry"):
-        report = {f"grad_norm/{metric_name(v.name)}": tf.linalg.global_norm([g]) for g, v in pairs}
+        report = {f"grad_norm/{prefix}{metric_name(v.name)}": tf.linalg.global_norm([g]) for prefix, g, v in pairs}
         report.update({metric_name(name): tf.reduce_max(tf.abs(t)) for name, t in watch.items()})
         values = [tf.cast(t, tf.float32) for t in report.values()]
         vector = tf.stack(values) if values else tf.zeros([0])
@@ -507,8 +623,8 @@ def train_run(
             if cause is not None:
                 # tell the driver at once, so it cancels the sibling seeds while the replay runs
                 yield RunRecord(spec.trial, spec.seed, step, RunStatus.DIVERGED, steps_survived=step - 1,
-                                diverged_on=cause, phase=spec.phase)
-                found = _investigate(model, stepper, step, sample_ids, info)
+                                diverged_on=cause.on, phase=spec.phase, diverged_loss=cause.loss)
+                found = cause.noted(_investigate(model, stepper, step, sample_ids, info))
                 yield _final(spec, telemetry, step, RunStatus.DIVERGED, cause, None, info, found)
                 return
             if stepper.is_report(step):
@@ -522,7 +638,7 @@ def train_run(
         note = "the validation loss was non-finite after training; every training step was finite"
         found = Forensics(spec.steps, note=note, report_points=tuple(telemetry.points),
                           last_steps=telemetry.last_steps())
-        yield _final(spec, telemetry, spec.steps, RunStatus.DIVERGED, DivergedOn.VALIDATION, None, info, found)
+        yield _final(spec, telemetry, spec.steps, RunStatus.DIVERGED, Cause(DivergedOn.VALIDATION), None, info, found)
         return
     yield _final(spec, telemetry, spec.steps, RunStatus.SURVIVED, None, val, info)
 
@@ -569,26 +685,51 @@ class Stepper:
         """Whether ``step`` is a report step."""
         return step % self.spec.report_every == 0 or step == self.spec.steps
 
-    def step(self, step: int) -> DivergedOn | None:
-        """Run train step ``step``; return what went non-finite first, or None."""
+    def step(self, step: int) -> Cause | None:
+        """Run train step ``step`` (one ``session.run``, or one per loss when alternating); return
+        what went non-finite first, or None."""
         feed = self.feed_arrays(self.data.batch(step, self.spec.seed), step)
         report = self.is_report(step)
-        extra = () if self.built.clipped is None else (self.built.clipped,)
-        if report:
-            reader = self.built.state_reader
-            (weights_ok, loss, gnorm, *clipped), values, raw = self.sess.run(
-                (self.built.train_fetches + extra, self.built.report_values, reader.fetches), feed
-            )
-        else:
-            weights_ok, loss, gnorm, *clipped = self.sess.run(self.built.train_fetches + extra, feed)
-        loss, gnorm = float(loss), float(gnorm)
-        cause = non_finite(loss, gnorm, bool(weights_ok))
-        if cause is None:
-            self.telemetry.add(step, loss, gnorm, bool(clipped[0]) if clipped else None)
+        losses: dict[str, tuple[float, float]] = {}  # loss name -> (value, unclipped gradient norm)
+        clipped: list[bool] = []
+        reported: dict[str, float] = {}
+        raw: Any = None
+        for i, run in enumerate(self.built.runs):
+            extra = () if run.clipped is None else (run.clipped,)
             if report:
-                self.metrics = self.telemetry.report(step, dict(zip(self.built.report_names, values, strict=True)))
-                self.snapshot = Snapshot(step, tuple(raw), reader.unpack)
-        return cause
+                reads = self.built.state_reader.fetches if i == len(self.built.runs) - 1 else []
+                fetched, values, raw = self.sess.run((run.fetches + extra, run.report_values, reads), feed)
+                reported.update(zip(run.report_names, values, strict=True))
+            else:
+                fetched = self.sess.run(run.fetches + extra, feed)
+            clipped.extend(bool(flag) for flag in fetched[len(run.fetches):])
+            triples = [fetched[k : k + 3] for k in range(0, len(run.fetches), 3)]
+            causes = [(on, k) for k, (ok, loss, gnorm) in enumerate(triples)
+                      if (on := non_finite(float(loss), float(gnorm), bool(ok))) is not None]
+            if causes:
+                on, k = min(causes, key=lambda c: (_ORDER.index(c[0]), c[1]))  # a loss before a gradient
+                return Cause(on, run.losses[k] if len(self.built.losses) > 1 else None)
+            losses.update((name, (float(t[1]), float(t[2]))) for name, t in zip(run.losses, triples, strict=True))
+        self._add(step, losses, clipped)
+        if report:
+            if len(losses) > 1:
+                for name, (value, gnorm) in losses.items():
+                    reported[f"loss/{name}"], reported[f"loss/{name}/grad_norm"] = value, gnorm
+            self.metrics = self.telemetry.report(step, reported)
+            self.snapshot = Snapshot(step, tuple(raw), self.built.state_reader.unpack)
+        return None
+
+    def _add(self, step: int, losses: Mapping[str, tuple[float, float]], clipped: list[bool]) -> None:
+        """Count a finite step: one loss as fetched; several as their sum and the norm of all their gradients."""
+        if len(losses) == 1:
+            ((loss, gnorm),) = losses.values()
+            self.telemetry.add(step, loss, gnorm, clipped[0] if clipped else None)
+            return
+        clip = self.spec.config.clip_norm
+        if not clipped and clip is not None:  # global mode: each loss clipped by its own gradients' norm
+            clipped = [gnorm > clip for _, gnorm in losses.values()]
+        self.telemetry.add(step, sum(v for v, _ in losses.values()), math.hypot(*(g for _, g in losses.values())),
+                           any(clipped))
 
 
 def _investigate(
@@ -600,6 +741,28 @@ def _investigate(
     found = investigate(model, stepper, step, sample_ids)
     info["forensics_seconds"] = time.perf_counter() - started
     return found
+
+
+_ORDER = (DivergedOn.LOSS, DivergedOn.GRADIENT, DivergedOn.WEIGHT)  # the order a step computes them in
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What went non-finite first at a divergence step, and of which loss (models with several)."""
+
+    on: DivergedOn
+    loss: str | None = None
+
+    def text(self) -> str:
+        """``gradient``, or ``gradient of loss "g_loss"``."""
+        return cause_text(self.on, self.loss)
+
+    def noted(self, found: Forensics) -> Forensics:
+        """``found`` with the loss named first in its note (models with several losses)."""
+        if self.loss is None:
+            return found
+        named = f"{self.text()} went non-finite first"
+        return replace(found, note=f"{named}; {found.note}" if found.note else named)
 
 
 def non_finite(loss: float, gnorm: float, weights_ok: bool) -> DivergedOn | None:
@@ -626,7 +789,7 @@ def _final(
     telemetry: Telemetry,
     step: int,
     status: RunStatus,
-    cause: DivergedOn | None,
+    cause: Cause | None,
     val: float | None,
     info: Mapping[str, Any],
     forensics: Forensics | None = None,
@@ -636,7 +799,8 @@ def _final(
         spec.trial, spec.seed, step, status, loss=last,
         grad_norm=telemetry.gnorms[-1] if telemetry.gnorms else None,
         final=True, steps_survived=telemetry.steps, last_finite_loss=last,
-        val_loss=val, diverged_on=cause, metrics=telemetry.summary(), info=dict(info), forensics=forensics,
+        val_loss=val, diverged_on=cause.on if cause else None, diverged_loss=cause.loss if cause else None,
+        metrics=telemetry.summary(), info=dict(info), forensics=forensics,
         phase=spec.phase, init_val_loss=telemetry.init_val_loss,
     )
 

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ModelError
-from tuner.models.base import Dataset, Knob, Model, ModelGraph, step_seed
+from tuner.models.base import UPDATES, Dataset, Knob, Loss, Model, ModelGraph, step_seed
 
-__all__ = ["BUILTIN", "Dataset", "Knob", "Model", "ModelGraph", "load_model", "model_file", "runtime_env",
-           "step_seed"]
+__all__ = ["BUILTIN", "UPDATES", "Dataset", "Knob", "Loss", "Model", "ModelGraph", "load_model", "model_file",
+           "runtime_env", "step_seed"]
 
 # set on the workers by runtime_env(): the model file (as written in the spec) shipped to them
 SHIPPED_ENV = "TUNER_SHIPPED_MODEL"

@@ -26,6 +26,11 @@ exponential decay), an L2 term ``l2_weight * sum(l2_loss(w))`` over every traina
 rank >= 2 (kernels, not biases or BatchNorm scales), gradient clipping (``clip_mode``),
 and a check of the loss, the unclipped global gradient norm and the updated weights on every step.
 
+A model trained by several optimizers (a GAN) returns named losses instead (``ModelGraph.losses``,
+each a :class:`Loss` with the variables it trains, its optimizer and learning-rate factor) and the
+order of their updates (``ModelGraph.update``): tuner adds all of the above to each loss, checks
+every loss every step, and a divergence names the loss that went non-finite first.
+
 Name scopes make telemetry and forensics readable: build a loop's iteration ``k`` under an
 ``iter_<k>`` scope and each layer under a scope of its own (``iter_3/layer2/MatMul``); the
 forensics of a divergence reads the layer and loop iteration of the first non-finite op from them.
@@ -42,7 +47,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -114,22 +120,107 @@ class Knob:
         return text + (" or null" if self.nullable else "")
 
 
+UPDATES = ("simultaneous", "alternating")  # how the updates of several losses are ordered in a step
+_LOSS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# tuner's own name scopes: a loss named like one would read, in forensics, as tuner's part of the graph
+_RESERVED = frozenset({"gradients", "global_norm", "clip_by_global_norm", "updated", "hyper", "telemetry",
+                       "learning_rate", "l2", "snapshot", "snapshot_read"})
+
+
+@dataclass(frozen=True)
+class Loss:
+    """One of several named losses of a model (``ModelGraph.losses``): what it trains, and how.
+
+    Each loss gets an optimizer of its own over its own weights, with tuner's knobs: the learning
+    rate times ``lr_factor``, the L2 term over the kernels it trains, clipping by its own gradients'
+    norm. Its value, its gradient norm and its weights after the update are checked every step.
+
+    Attributes:
+        tensor: the scalar loss.
+        trains: the trainable variables it trains: a scope (``"discriminator"``: those whose name
+            starts with it, as ``tf.compat.v1.get_collection(TRAINABLE_VARIABLES, scope=...)``),
+            a filter ``callable(variable) -> bool``, or a list of variables (a TF1 ``var_list``).
+            None: every trainable variable.
+        optimizer: one of tuner's optimizers (``adam``, ``rmsprop``, ``momentum``, ``sgd``,
+            ``adagrad``), run with TensorFlow's own momentum, rho and epsilon; None: the trial's
+            ``optimizer`` with the trial's knobs.
+        lr_factor: its learning rate is the trial's ``learning_rate`` times this factor.
+    """
+
+    tensor: Any
+    trains: str | Callable[[Any], bool] | Sequence[Any] | None = None
+    optimizer: str | None = None
+    lr_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.lr_factor, (int, float)) and math.isfinite(self.lr_factor) and self.lr_factor > 0):
+            raise ValueError(f"Loss lr_factor {self.lr_factor!r}: expected a finite number above 0")
+
+    def variables(self, trainable: Sequence[Any]) -> list[Any]:
+        """The variables of ``trainable`` this loss trains, in their order."""
+        if self.trains is None:
+            return list(trainable)
+        if isinstance(self.trains, str):
+            return [v for v in trainable if re.match(self.trains, v.name)]
+        if callable(self.trains):
+            return [v for v in trainable if self.trains(v)]
+        chosen = {id(v) for v in self.trains}
+        return [v for v in trainable if id(v) in chosen]
+
+    def describe_trains(self) -> str:
+        """What ``trains`` selects, in words (for messages)."""
+        if self.trains is None:
+            return "every trainable variable"
+        if isinstance(self.trains, str):
+            return f"scope {self.trains!r}"
+        if callable(self.trains):
+            return f"filter {getattr(self.trains, '__name__', repr(self.trains))}"
+        return f"a list of {len(self.trains)} variable(s)"
+
+
 @dataclass(frozen=True)
 class ModelGraph:
     """What ``Model.build`` returns.
 
     Attributes:
         inputs: placeholders, fed with the dataset's arrays in the same order.
-        loss: scalar training loss (before tuner's L2 term).
-        val_loss: scalar validation loss; None means ``loss`` evaluated on the validation arrays.
+        loss: scalar training loss (before tuner's L2 term); None when ``losses`` are given.
+        val_loss: scalar validation loss; None means ``loss`` (or the sum of ``losses``) evaluated
+            on the validation arrays.
         watch: named tensors whose largest absolute value is reported as telemetry on every
             report step, under the given name (``iter_3/input_absmax``).
+        losses: several named losses instead of ``loss`` (a GAN's ``d_loss`` and ``g_loss``), each
+            trained by an optimizer of its own (see :class:`Loss`). The run's reported training
+            loss is their sum.
+        update: the order of the losses' updates within a step: ``simultaneous`` (one
+            ``session.run``: every gradient from the same weights, then every update) or
+            ``alternating`` (one ``session.run`` per loss, in the order of ``losses``: each loss
+            sees the weights the previous ones updated, as TF1's ``sess.run(d_train)``,
+            ``sess.run(g_train)``).
     """
 
     inputs: Sequence[Any]
-    loss: Any
+    loss: Any = None
     val_loss: Any | None = None
     watch: Mapping[str, Any] = field(default_factory=dict)
+    losses: Mapping[str, Loss] = field(default_factory=dict)
+    update: str = "simultaneous"
+
+    def __post_init__(self) -> None:
+        if (self.loss is None) == (not self.losses):
+            raise ValueError("ModelGraph needs a loss, or several named losses (losses={name: Loss(...)}), not both")
+        if self.update not in UPDATES:
+            raise ValueError(f"ModelGraph update {self.update!r}: expected one of {list(UPDATES)}")
+        for name, loss in self.losses.items():
+            if not isinstance(loss, Loss):
+                raise ValueError(f"ModelGraph losses[{name!r}] must be a tuner.models.Loss, got {type(loss).__name__}")
+            if not _LOSS_NAME.fullmatch(str(name)) or name in _RESERVED:
+                raise ValueError(f"loss name {name!r}: use a name of letters, digits and _ (it names a scope), "
+                                 f"not one of tuner's scopes {sorted(_RESERVED)}")
+
+    def all_losses(self) -> dict[str, Loss]:
+        """The losses tuner trains: ``losses``, or ``{"loss": Loss(loss)}`` for a model with one."""
+        return dict(self.losses) if self.losses else {"loss": Loss(self.loss)}
 
 
 @dataclass(frozen=True)
