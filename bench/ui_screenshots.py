@@ -173,7 +173,7 @@ def mlflow_pages(checks: Checks, page: Any, base: str, facts: MlflowFacts, out: 
 
     exp = f"{base}/#/experiments/{facts.experiment_id}"
     page.goto(exp)
-    check_page(checks, page, "experiment (fresh browser)", "The trials with their status")
+    check_page(checks, page, "experiment (fresh browser)", f"Trials of study {STUDY}:")
     shoot(page, out, "mlflow_1_experiment_fresh_browser")
 
     page.goto(f"{base}/{runs_link(facts.experiment_id)}")

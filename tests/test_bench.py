@@ -52,4 +52,5 @@ def test_bench_smoke_prints_its_figures(script: str) -> None:
 def test_bench_scripts_are_all_smoke_tested() -> None:
     scripts = {p.name for p in BENCH.glob("*.py")}
     helpers = {"benchlib.py", "bare_loop.py", "ray_tune_baseline.py", "reference_grid.py", "telemetry_overhead.py"}
-    assert scripts - helpers == set(SCRIPTS)
+    checked_elsewhere = {"ui_screenshots.py"}  # a browser check, not a timing: tests/test_ui.py runs it
+    assert scripts - helpers - checked_elsewhere == set(SCRIPTS)

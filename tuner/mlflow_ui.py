@@ -55,7 +55,7 @@ def runs_link(experiment_id: str) -> str:
 
 def experiment_tags(experiment_id: str, study: str) -> dict[str, str]:
     """The tags that make a study's experiment open in the training views, with tuner's columns."""
-    view = {"selectedColumns": _COLUMNS, "columnOrder": _COLUMNS,
+    view = {"selectedColumns": _COLUMNS, "columnOrder": ["attributes.`Run Name`", "runDateAndNestInfo", *_COLUMNS],
             "columnWidths": {"attributes.`Run Name`": 230, "metrics.`divergence_step`": 140},
             "orderByKey": "attributes.start_time", "orderByAsc": False}
     note = (f"{NOTE_MARK}**[Trials of study {study}: status, divergence step, learning rate, validation "
