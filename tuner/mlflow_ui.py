@@ -95,7 +95,7 @@ def description(outcome: TrialOutcome) -> str:
 
 def divergence_sentence(first: RunRecord, outcome: TrialOutcome) -> str:
     """``Seed 7 diverged at step 109: the loss went non-finite first, in op ... (forward pass).``"""
-    what = first.diverged_on.value if first.diverged_on else "a value"
+    what = first.cause or "a value"  # "loss", or with several losses 'gradient of loss "g_loss"'
     where = _where(first.forensics)
     also = [f"seed {r.seed} at step {r.step}" for r in outcome.seeds
             if r.status is RunStatus.DIVERGED and r is not first]
