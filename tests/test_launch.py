@@ -101,6 +101,21 @@ def test_launch_continues_a_study_with_more_trials(tmp_path: Path) -> None:
     # resumed inside TPE's random start-up: the seeded sampler must not replay trials 0 and 1
     configs = [tuple(sorted(t.params.items())) for t in finished]
     assert len(set(configs)) == 5
+    # the same command once more: nothing to train, the best shown as YAML, no empty MLflow launch run
+    args = ["launch", "--model", "iterated_mlp", *NO_VERIFY, "--trials", "5", "--steps", "100", "--study", "s1",
+            "--storage", f"sqlite:///{tmp_path / 't.db'}", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
+            "--out", str(tmp_path / "best.yaml")]
+    again = run_tuner(args, cwd=tmp_path, timeout=120)
+    assert again.returncode in FINISHED, again.stdout[-3000:] + again.stderr[-3000:]
+    text = " ".join(again.stdout.split())
+    assert "already has 5 finished trial(s)" in text and "--trials 10 runs 5 more" in text
+    assert "config: learning_rate: " in text and "None" not in text
+    assert "INFO" not in again.stderr
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("s1").experiment_id])
+    assert sum(r.data.tags.get("tuner.role") == "study" for r in runs) == 2  # the two launches that trained
 
 
 def test_launch_counting_cnn_end_to_end_with_the_optimizer_and_clip_mode_searched(tmp_path: Path) -> None:

@@ -223,6 +223,10 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
          "--out", str(out), *NO_VERIFY], cwd=tmp_path,
     )
     assert result.returncode in FINISHED, result.stdout[-3000:] + result.stderr[-3000:]
+    # piped (80 columns): each trial's line and the table name the op and show the searched knobs
+    assert "iter_1/hazard/Log" in result.stdout and "\u2026" not in result.stdout
+    assert re.search(r"learning_rate=0\.00\d+\s+clip_norm=0\.\d+\s+bad_step=", result.stdout)
+    assert "INFO" not in result.stderr
     assert (out.parent / "s_stability_map.png").read_bytes().startswith(PNG)
     assert (out.parent / "s_survival.png").read_bytes().startswith(PNG)
 
@@ -260,3 +264,20 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
     # both seeds meet the planted fault at step 40: the sibling passes it before it may be cancelled
     assert re.search(r"diverged\s*\S\s*2\s*\S\s*39x, 39x / 60", result.stdout)
     assert sorted(p.name for p in report_dir.iterdir()) == ["s_stability_map.png", "s_survival.png"]
+
+
+def test_stability_map_puts_a_log_searched_knob_on_a_log_axis_with_labels_apart() -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rows = [row(i, 2e-4 + 5e-5 * i, (100,) if i % 2 else (30,), "survived" if i % 2 else "diverged",
+                epsilon=10.0 ** -(2 + i)) for i in range(6)]  # a learning rate within one decade
+    fig = Figure(figsize=(7, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    stability_map(ax, rows, log_knobs={"epsilon"})
+    assert (ax.get_xscale(), ax.get_yscale(), ax.get_ylabel()) == ("log", "log", "epsilon")
+    FigureCanvasAgg(fig).draw()
+    for axis in (ax.xaxis, ax.yaxis):
+        boxes = [t.get_window_extent() for t in axis.get_ticklabels(minor=True) + axis.get_ticklabels()
+                 if t.get_visible() and t.get_text()]
+        assert len(boxes) >= 2
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])

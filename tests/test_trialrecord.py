@@ -121,3 +121,38 @@ def test_same_config_records_the_same_earliest_divergence_whichever_seed_runs_fi
     assert [s.status for s in second.seeds] == [SeedStatus.DIVERGED, SeedStatus.CANCELLED]
     assert second.seeds[1].step >= steps[early]  # cancelled only once past the divergence
     assert read(study.trials[1]) == second and ATTR in study.trials[1].user_attrs
+
+
+def test_launch_warns_before_overwriting_another_studys_best_config(tmp_path: Any, capsys: Any) -> None:
+    from tuner.config import LaunchConfig
+    from tuner.launch import warn_overwrite
+
+    out = tmp_path / "best_config.yaml"
+    out.write_text("config: {learning_rate: 0.01}\nstudy: {name: iterated_mlp}\n")
+    warn_overwrite(LaunchConfig.model_construct(study="tty", model="iterated_mlp", out=str(out)))
+    assert "holds study 'iterated_mlp''s best config" in " ".join(capsys.readouterr().out.split())
+    warn_overwrite(LaunchConfig.model_construct(study="iterated_mlp", model="iterated_mlp", out=str(out)))
+    assert capsys.readouterr().out == ""
+
+
+def test_progress_line_names_the_op_the_knobs_and_the_clock() -> None:
+    import io
+
+    from rich.console import Console
+
+    from tuner.progress import ProgressView
+
+    buffer = io.StringIO()
+    with ProgressView(2, live=False, console=Console(file=buffer, width=80), keys=["learning_rate", "max_iter"],
+                      steps=100) as view:
+        view.on_trial_start(3, outcome().config)
+        view.on_trial_result(RunRecord(3, 5, 50, RunStatus.RUNNING, steps_survived=50))
+        assert view.progress() == pytest.approx(0.5)
+        rendered = io.StringIO()
+        Console(file=rendered, width=80).print(view._render())
+        assert "seed 5: 50/100" in rendered.getvalue()
+        view.on_trial_complete(outcome())
+    line = " ".join(buffer.getvalue().split())
+    assert line.startswith("[1/2 ") and "elapsed" in line
+    assert "at step 34 (loss, iter_2/recompute_input/Log, seed 5); seed 6: cancelled at step 40" in line
+    assert "learning_rate=0.01 max_iter=6" in line

@@ -36,7 +36,10 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--config", help="launch YAML whose keys are these flags' names (flags win)")
     p.add_argument("--model", help="iterated_mlp (default), counting_cnn, pkg.module:Name or file.py:Name")
     p.add_argument("--space", help="search-space YAML (default: search_spaces/<model>.yaml)")
-    p.add_argument("--trials", type=int, help="finished trials the study should reach (default 30)")
+    p.add_argument("--trials", type=int,
+                   help="finished trials the study should reach, counting those it already holds: a continued "
+                        "study runs only the rest, so the same command twice trains once; raise it to run more "
+                        "(default 30)")
     p.add_argument("--steps", type=int, help="training steps per seed run: the budget (default 600)")
     p.add_argument("--seeds", type=int, help="seeds per trial, run in parallel (default 2)")
     p.add_argument("--report-every", type=int, help="steps between progress records (default 25)")
@@ -144,7 +147,8 @@ def one_line(text: str) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """The whole command line."""
-    root = OneLineParser(prog="python -m tuner", description=__doc__.splitlines()[0])
+    root = OneLineParser(prog="python -m tuner", description="tuner: find a training config of a TensorFlow 1-style "
+                         "model that does not diverge to NaN, and the evidence that it is stable.")
     sub = root.add_subparsers(dest="command", required=True)
     add_launch(sub)
     add_report(sub)
@@ -159,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Every password of a storage or tracking URL is masked in whatever is printed (tuner.masking).
     """
     masking.install()
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no MLflow INFO lines in tuner's output
     masking.register(os.environ.get("MLFLOW_TRACKING_URI"))
     args = parser().parse_args(argv)
     masking.register(getattr(args, "storage", None), getattr(args, "tracking_uri", None))

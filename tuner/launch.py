@@ -31,6 +31,7 @@ from tuner.targets import check_targets
 
 log = logging.getLogger(__name__)
 console = Console()
+METRIC = "val_loss"  # the objective's name in Optuna: a COMPLETE trial's validation loss, mean over seeds
 
 
 def launch(config: LaunchConfig) -> dict[str, Any]:
@@ -276,10 +277,21 @@ def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | No
         raise ConfigError(
             f"--storage {redact(config.storage)}: cannot open the Optuna storage: {str(exc).splitlines()[0]}"
         ) from exc
+    name_metric(study)
     if existed and config.seed is not None:  # a continued study, or one another launch is running
         held = len(study.get_trials(deepcopy=False))
         study.sampler = make_sampler(config.sampler, resumed_seed(config.seed, held), searched)
     return study
+
+
+def name_metric(study: Any) -> None:
+    """Name the study's objective (``val_loss``) for optuna-dashboard and ``study.trials_dataframe``."""
+    import warnings
+
+    if study.metric_names is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # set_metric_names is experimental in Optuna
+            study.set_metric_names([METRIC])
 
 
 def resumed_seed(seed: int, held: int) -> int:
@@ -345,7 +357,11 @@ def _print_best(doc: dict[str, Any], out: str) -> None:
 
 
 def quiet_third_party() -> None:
-    """No INFO lines from MLflow (and the alembic migrations it runs on a new database) in a launch."""
+    """No INFO lines from MLflow (and the alembic migrations it runs on a new database) in a launch:
+    MLflow sets its loggers' level from ``MLFLOW_LOGGING_LEVEL`` when it is imported."""
+    import os
+
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
