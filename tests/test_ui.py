@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,7 @@ def _chromium() -> str | None:
     spec = importlib.util.spec_from_file_location("ui_screenshots", ROOT / "bench" / "ui_screenshots.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("ui_screenshots", module)  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module.find_chromium()
 
@@ -102,7 +104,6 @@ def _chromium() -> str | None:
 def test_ui_screenshots_show_the_study_in_mlflow_and_optuna_dashboard(tmp_path: Path) -> None:
     """A tiny launch seen in headless Chromium: every check of bench/ui_screenshots.py passes."""
     import subprocess
-    import sys
 
     if _chromium() is None:
         pytest.skip("no chromium binary installed (apt-get install chromium): the browser check needs one")
