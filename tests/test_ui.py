@@ -53,6 +53,7 @@ def test_tracker_opens_the_training_views_and_names_each_run_by_its_outcome(
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("s")
+    assert experiment is not None
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     view = json.loads(experiment.tags["mlflow.sharedViewState.tuner"])
     assert "tags.`status`" in view["selectedColumns"] and "params.`learning_rate`" in view["selectedColumns"]
@@ -83,7 +84,9 @@ def test_tracker_keeps_an_experiment_description_the_user_wrote(tmp_path: Path,
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     Tracker(uri, "s", {}).close()
     client = MlflowClient(uri)
-    experiment_id = client.get_experiment_by_name("s").experiment_id
+    experiment = client.get_experiment_by_name("s")
+    assert experiment is not None
+    experiment_id = experiment.experiment_id
     client.set_experiment_tag(experiment_id, "mlflow.note.content", "my notes")
     Tracker(uri, "s", {}).close()
     assert client.get_experiment(experiment_id).tags["mlflow.note.content"] == "my notes"
