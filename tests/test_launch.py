@@ -116,6 +116,7 @@ def test_launch_continues_a_study_with_more_trials(tmp_path: Path) -> None:
     client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
     runs = client.search_runs([client.get_experiment_by_name("s1").experiment_id])
     assert sum(r.data.tags.get("tuner.role") == "study" for r in runs) == 2  # the two launches that trained
+    assert client.get_experiment_by_name("s1").artifact_location == (tmp_path / "mlartifacts").resolve().as_uri()
 
 
 def test_launch_counting_cnn_end_to_end_with_the_optimizer_and_clip_mode_searched(tmp_path: Path) -> None:

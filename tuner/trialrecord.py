@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tuner.errors import ConfigError
 from tuner.evidence import Choice, Margin, Verification
 from tuner.records import RunRecord, RunStatus, TrialOutcome, TrialState
 
@@ -218,13 +219,15 @@ class TrialRecord:
         """The record :meth:`to_dict` wrote.
 
         Raises:
-            ValueError: a record of a newer version than this tuner reads.
+            ConfigError: a record of a newer version than this tuner reads.
         """
         version = int(doc.get("version", 0))
         if version > VERSION:
-            raise ValueError(f"trial record version {version} is newer than this tuner reads ({VERSION}): "
-                             "upgrade tuner to read this study")
-        seeds = tuple(SeedResult(**{**s, "status": SeedStatus(s["status"])}) for s in doc["seeds"])
+            raise ConfigError(f"trial {doc.get('number')}: its record has version {version}, newer than this tuner "
+                              f"reads ({VERSION}): upgrade tuner to read this study")
+        known = SeedResult.__dataclass_fields__
+        seeds = tuple(SeedResult(**{**{k: v for k, v in s.items() if k in known}, "status": SeedStatus(s["status"])})
+                      for s in doc["seeds"])
         return cls(
             number=int(doc["number"]), state=TrialState(doc["state"]), config=dict(doc["config"]),
             steps=int(doc["steps"]), seeds=seeds, value=doc.get("value"), learned=doc.get("learned"),
