@@ -176,7 +176,10 @@ def mlflow_pages(checks: Checks, page: Any, base: str, facts: MlflowFacts, out: 
     check_page(checks, page, "experiment (fresh browser)", f"Trials of study {STUDY}:")
     shoot(page, out, "mlflow_1_experiment_fresh_browser")
 
-    page.goto(f"{base}/{runs_link(facts.experiment_id)}")
+    # the description's link (MLflow opens it in a new tab: followed here in the same page)
+    link = page.locator(f'a[href*="{runs_link(facts.experiment_id)}"]')
+    checks.add("the description links to the training views", link.count() > 0, "no such link")
+    page.goto(f"{base}/{link.first.get_attribute('href') if link.count() else runs_link(facts.experiment_id)}")
     check_page(checks, page, "runs table", f"{STUDY}-launch", "status", "divergence_step", "learning_rate",
                "val_loss", "Description", absent=("Evaluation runs",))
     with contextlib.suppress(Exception):
