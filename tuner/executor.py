@@ -26,6 +26,7 @@ import ray  # noqa: E402
 from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError, WorkerCrashedError  # noqa: E402
 
 from tuner.errors import ClusterError  # noqa: E402
+from tuner.hooks import stop_ray_monitor as _stop_monitor  # noqa: E402  (a private-API hook)
 from tuner.records import RunRecord, RunSpec, RunStatus  # noqa: E402
 from tuner.worker import GRAPHS_KEPT, TrialWorker  # noqa: E402
 
@@ -250,26 +251,6 @@ def _connect(config: ClusterConfig) -> bool:
             "with the cluster's token in ~/.ray/auth_token"
         ) from exc
     return False
-
-
-def _stop_monitor() -> None:
-    """Kill the embedded cluster's autoscaler monitor before ``ray.shutdown``.
-
-    ``ray.shutdown`` stops the GCS first and then sends the monitor SIGTERM, on which it tries to
-    report its own end to the GCS that is gone: it takes 1 s to give up, a second added to the end
-    of every launch. A local cluster has nothing to autoscale, so the monitor is killed outright.
-    Ray's node internals are private: if they change, this does nothing and the shutdown just
-    takes that second.
-    """
-    try:
-        node = ray._private.worker._global_node
-        kind = ray._private.ray_constants.PROCESS_TYPE_MONITOR
-        monitors: list[Any] = node.all_processes.get(kind, []) if node else []
-        for info in monitors:
-            info.process.kill()
-            info.process.wait(timeout=5)
-    except Exception as exc:  # the shutdown goes on without it
-        log.debug("could not stop the autoscaler monitor first: %s", exc)
 
 
 def _ensure_token() -> None:

@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tuner.graph import UPDATED_SCOPE, Built, Snapshot, build, session_config
 from tuner.models.base import Dataset, Model, has_label
 from tuner.preflight import as_fed, overflow
 from tuner.records import Forensics, NonFiniteKind, RunSpec
-from tuner.train import UPDATED_SCOPE, Built, Snapshot, Stepper, build, session_config
 
 tf1 = tf.compat.v1
 
@@ -45,18 +45,24 @@ _ITER = re.compile(r"iter_(\d+)")
 _BACKWARD = ("gradients/", "global_norm/", "clip_by_global_norm/")
 
 
-def investigate(model: Model, stepper: Stepper, step: int, sample_ids: Sequence[int] | None = None) -> Forensics:
-    """Find where the divergence at ``step`` started (see the module docs); never raises."""
-    names = [t.op.name for t in stepper.built.model.inputs]
-    dtypes = [t.dtype.as_numpy_dtype for t in stepper.built.model.inputs]
-    found = data_fault(stepper.data, stepper.spec, step, names, sample_ids, dtypes)
-    if found is None:
-        try:
-            found = replay(model, stepper.data, stepper.spec, stepper.snapshot, step, stepper.built, stepper.sess)
-        except Exception as exc:  # forensics must never turn a divergence into a failure
-            found = Forensics(step, note=f"the replay failed: {type(exc).__name__}: {exc}")
-    telemetry = stepper.telemetry
-    return replace(found, report_points=tuple(telemetry.points), last_steps=telemetry.last_steps())
+def investigate(
+    model: Model, data: Dataset, spec: RunSpec, step: int, built: Built, sess: Any, snapshot: Snapshot,
+    sample_ids: Sequence[int] | None = None,
+) -> Forensics:
+    """Find where the divergence at ``step`` started (see the module docs); never raises.
+
+    ``built`` and ``sess`` are the run's graph and session; ``snapshot`` its variables after the
+    last report step before ``step``.
+    """
+    names = [t.op.name for t in built.model.inputs]
+    dtypes = [t.dtype.as_numpy_dtype for t in built.model.inputs]
+    found = data_fault(data, spec, step, names, sample_ids, dtypes)
+    if found is not None:
+        return found
+    try:
+        return replay(model, data, spec, snapshot, step, built, sess)
+    except Exception as exc:  # forensics must never turn a divergence into a failure
+        return Forensics(step, note=f"the replay failed: {type(exc).__name__}: {exc}")
 
 
 def data_fault(

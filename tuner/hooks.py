@@ -1,0 +1,113 @@
+"""tuner's uses of other libraries' private APIs, each in one place and each failing open.
+
+A private API can change in any release. Each hook here checks that what it reaches for is
+there; if it is not, the hook does nothing (or falls back to the public behaviour), logs why at
+debug level, and tuner goes on as if the hook did not exist, only slower:
+
+- :func:`stoppable_graph`: TensorFlow's ``Graph._create_op_internal``, through which every op a
+  Python TF API makes passes, asks a run's cancel flag while a graph is built. Without it a build
+  is not stopped early: a cancelled run holds its slot until its build ends.
+- :func:`stop_ray_monitor`: Ray's ``ray._private.worker._global_node`` and its processes, to kill
+  the embedded cluster's autoscaler monitor before ``ray.shutdown``. Without it the shutdown
+  takes a second longer.
+
+Imports neither TensorFlow nor Ray at module level: the driver imports this module (the Ray hook)
+and must not pay for TensorFlow; each hook imports what it uses.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CREATE_OP = "_create_op_internal"  # the tf.Graph method every Python op creation goes through
+CHECK_EVERY = 64  # ops between two calls of a build's should_stop (~10 ms of building)
+
+
+class BuildStopped(BaseException):
+    """The run was cancelled while its graph was being built.
+
+    A BaseException, like asyncio's CancelledError: model code that catches ``Exception`` around
+    a layer does not swallow it.
+    """
+
+
+def _never() -> bool:
+    return False
+
+
+_stoppable: list[type] = []  # the StoppableGraph class, made once TensorFlow is imported
+
+
+def _stoppable_class(graph_class: type) -> type:
+    """``StoppableGraph``: a ``graph_class`` whose op creation raises :class:`BuildStopped` once
+    ``should_stop()`` turns true, asked every ``CHECK_EVERY`` ops."""
+    if _stoppable and _stoppable[0].__mro__[1] is graph_class:
+        return _stoppable[0]
+
+    class StoppableGraph(graph_class):
+        def __init__(self, should_stop: Callable[[], bool]) -> None:
+            super().__init__()
+            self._should_stop = should_stop
+            self._made = 0
+
+        def stop_checks(self) -> None:
+            """Stop asking ``should_stop`` (the build is over; the graph may serve later runs)."""
+            self._should_stop = _never
+
+        def _create_op_internal(self, *args: Any, **kwargs: Any) -> Any:
+            self._made += 1
+            if self._made % CHECK_EVERY == 0 and self._should_stop():
+                raise BuildStopped(f"cancelled after {self._made} ops of the graph were built")
+            return super()._create_op_internal(*args, **kwargs)
+
+    _stoppable[:] = [StoppableGraph]
+    return StoppableGraph
+
+
+def stoppable_graph(should_stop: Callable[[], bool]) -> Any:
+    """A new ``tf.Graph`` whose op creation raises :class:`BuildStopped` once ``should_stop()`` turns true.
+
+    Building a graph takes 1-3 s (gradients of an unrolled model are thousands of ops), longer
+    than many runs train before a sibling seed diverges: without this, a cancelled run would hold
+    its slot until its build ends. Fails open: a TensorFlow without ``Graph._create_op_internal``
+    gets a plain ``tf.Graph`` (a build that does not stop early), said at debug level.
+    """
+    import tensorflow as tf
+
+    if not callable(getattr(tf.Graph, CREATE_OP, None)):
+        log.debug("tf.Graph has no %s: graph builds will not stop early when a run is cancelled", CREATE_OP)
+        return tf.Graph()
+    return _stoppable_class(tf.Graph)(should_stop)
+
+
+def stop_checks(graph: Any) -> None:
+    """Stop asking a :func:`stoppable_graph`'s ``should_stop`` (its build is over); nothing for another graph."""
+    stop = getattr(graph, "stop_checks", None)
+    if stop is not None:
+        stop()
+
+
+def stop_ray_monitor() -> None:
+    """Kill the embedded cluster's autoscaler monitor before ``ray.shutdown``.
+
+    ``ray.shutdown`` stops the GCS first and then sends the monitor SIGTERM, on which it tries to
+    report its own end to the GCS that is gone: it takes 1 s to give up, a second added to the end
+    of every launch. A local cluster has nothing to autoscale, so the monitor is killed outright.
+    Ray's node internals are private: if they change, this does nothing (said at debug level) and
+    the shutdown just takes that second.
+    """
+    import ray
+
+    try:
+        node = ray._private.worker._global_node
+        kind = ray._private.ray_constants.PROCESS_TYPE_MONITOR
+        monitors: list[Any] = node.all_processes.get(kind, []) if node else []
+        for info in monitors:
+            info.process.kill()
+            info.process.wait(timeout=5)
+    except Exception as exc:  # the shutdown goes on without it
+        log.debug("could not stop the autoscaler monitor first: %s", exc)
