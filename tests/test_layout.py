@@ -46,10 +46,7 @@ def imports_of(name: str, path: Path, known: Iterable[str]) -> list[Import]:
     known = set(known)
     tree = ast.parse(path.read_text(), str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    top_level = {id(node) for node in tree.body}
-    for node in tree.body:  # module-level also: under if/try at the top (e.g. if TYPE_CHECKING)
-        if isinstance(node, ast.If | ast.Try):
-            top_level.update(id(n) for n in ast.walk(node))
+    top_level = set(map(id, _module_level(tree.body)))
     found = []
     for node in ast.walk(tree):
         targets: list[str] = []
@@ -62,6 +59,7 @@ def imports_of(name: str, path: Path, known: Iterable[str]) -> list[Import]:
                 base = ".".join([*parent, *([node.module] if node.module else [])])
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         for target in targets:
+            assert isinstance(node, ast.Import | ast.ImportFrom)
             if not target.startswith("tuner"):
                 target = target.partition(".")[0]
             else:
@@ -69,6 +67,18 @@ def imports_of(name: str, path: Path, known: Iterable[str]) -> list[Import]:
                     target = target.rpartition(".")[0]
             found.append(Import(target, id(node) in top_level, node.lineno))
     return found
+
+
+def _module_level(body: list[ast.stmt]) -> Iterable[ast.stmt]:
+    """The statements run when a module is imported: its body, and what is under its top-level
+    ``if``/``try``/``with`` (``if TYPE_CHECKING:``, ``try: import ...``) and class bodies; not function bodies."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, ast.If | ast.Try | ast.With | ast.ClassDef):
+            for field in ("body", "orelse", "finalbody"):
+                yield from _module_level(getattr(stmt, field, []))
+            for handler in getattr(stmt, "handlers", []):
+                yield from _module_level(handler.body)
 
 
 def import_graph() -> dict[str, list[Import]]:
