@@ -101,6 +101,7 @@ def test_launch_continues_a_study_with_more_trials(tmp_path: Path) -> None:
     # resumed inside TPE's random start-up: the seeded sampler must not replay trials 0 and 1
     configs = [tuple(sorted(t.params.items())) for t in finished]
     assert len(set(configs)) == 5
+    assert optuna.load_study(study_name="s1", storage=f"sqlite:///{tmp_path / 't.db'}").metric_names == ["val_loss"]
     # the same command once more: nothing to train, the best shown as YAML, no empty MLflow launch run
     args = ["launch", "--model", "iterated_mlp", *NO_VERIFY, "--trials", "5", "--steps", "100", "--study", "s1",
             "--storage", f"sqlite:///{tmp_path / 't.db'}", "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",

@@ -287,3 +287,17 @@ def test_stability_map_puts_a_log_searched_knob_on_a_log_axis_with_labels_apart(
                  if t.get_visible() and t.get_text()]
         assert len(boxes) >= 2
         assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_report_defaults_are_launchs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """No --study: the model's name; no --tracking-uri: sqlite:///mlflow.db when it exists (here it does not)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    study = optuna.create_study(study_name="iterated_mlp", storage="sqlite:///tuner.db")
+    add_trial(study, 0, 1e-3)
+    args = argparse.Namespace(study=None, model=None, storage="sqlite:///tuner.db", tracking_uri=None,
+                              out_dir=str(tmp_path))
+    assert run_report(args) == 0
+    assert (tmp_path / "iterated_mlp_survival.png").is_file() and not (tmp_path / "mlflow.db").exists()
+    assert "learning_rate=0.001" in capsys.readouterr().out

@@ -48,7 +48,8 @@ class ProgressView:
     def __enter__(self) -> ProgressView:
         self._started = time.monotonic()
         if self.live_mode:
-            self._live = Live(self._render(), console=self.console, refresh_per_second=4)
+            # redrawn 4 times a second from the current state, so the clock moves between records
+            self._live = Live(console=self.console, refresh_per_second=4, get_renderable=self._render)
             self._live.__enter__()
         return self
 
@@ -111,29 +112,31 @@ class ProgressView:
         """Trials finished, counting a running search trial by its seeds' mean share of the steps."""
         running = 0.0
         if self.steps:
-            for number, seeds in self._running.items():
+            for number, seeds in dict(self._running).items():  # a copy: the live view's thread reads it too
+                seeds = dict(seeds)
                 if self._phase.get(number, "search") == "search" and seeds:
                     running += sum(min(s, self.steps) for s in seeds.values()) / (len(seeds) * self.steps)
         return min(float(self.total), len(self.done) + running)
 
     def _refresh(self) -> None:
         if self._live is not None:
-            self._live.update(self._render())
+            self._live.refresh()
 
     def _render(self) -> Table:
-        counts = {state: sum(r.state is state for r in self.done) for state in TrialState}
-        table = Table(title=f"tuner: {len(self.done)}/{self.total} trials finished, {self.clock()}", show_header=False)
+        done = list(self.done)
+        counts = {state: sum(r.state is state for r in done) for state in TrialState}
+        table = Table(title=f"tuner: {len(done)}/{self.total} trials finished, {self.clock()}", show_header=False)
         table.add_row("survived", str(counts[TrialState.COMPLETE]))
         table.add_row("diverged", str(counts[TrialState.PRUNED]))
         table.add_row("stopped (behind)", str(counts[TrialState.STOPPED]))
         table.add_row("failed", str(counts[TrialState.FAIL]))
         total = f"/{self.steps}" if self.steps else ""
-        for number, seeds in sorted(self._running.items()):
+        for number, seeds in sorted(dict(self._running).items()):
             phase = self._phase.get(number, "search")
             steps = ", ".join(f"seed {s}: {step}{total if phase == 'search' else ''}"
                               for s, step in sorted(seeds.items())) or "starting"
             table.add_row(f"trial {number} {phase}", steps)
-        best = trialrecord.best(self.done)
+        best = trialrecord.best(list(self.done))
         table.add_row("best so far", views.describe(best[0], self.keys) if best else "-")
         return table
 
