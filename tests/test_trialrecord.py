@@ -156,3 +156,22 @@ def test_progress_line_names_the_op_the_knobs_and_the_clock() -> None:
     assert line.startswith("[1/2 ") and "elapsed" in line
     assert "at step 34 (loss, iter_2/recompute_input/Log, seed 5); seed 6: cancelled at step 40" in line
     assert "learning_rate=0.01 max_iter=6" in line
+
+
+def test_a_finished_study_counts_as_done_only_when_verified_as_the_command_asks(tmp_path: Any) -> None:
+    from tests.test_report import verified_study
+    from tuner.config import LaunchConfig
+    from tuner.launch import finished_study
+
+    storage = f"sqlite:///{tmp_path / 't.db'}"
+    verified_study(storage)  # 4 trials, trial 0 verified on 16 seeds x 100 steps (bar 0.8), its margin measured
+
+    def config(**changes: Any) -> LaunchConfig:
+        flags = {"study": "v", "model": "iterated_mlp", "storage": storage, "trials": 4, "steps": 50,
+                 "verify_seeds": 16, "verify_steps": None, "min_survival": 0.8, "margin": True}
+        return LaunchConfig.model_construct(**{**flags, **changes})
+
+    assert finished_study(config()) is not None
+    assert finished_study(config(trials=5)) is None  # more trials asked
+    assert finished_study(config(verify_seeds=8)) is None  # another verification asked
+    assert finished_study(config(verify_seeds=0)) is not None

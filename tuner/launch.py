@@ -392,8 +392,14 @@ def finished_study(config: LaunchConfig) -> Any:
     trials = study.get_trials(deepcopy=False)
     if counted(trials) < config.trials or any(t.state == optuna.trial.TrialState.RUNNING for t in trials):
         return None
-    waiting = config.verify_seeds > 0 and studyrecord.choice(study) is None and candidates(study, 0)
-    return None if waiting else study
+    if config.verify_seeds <= 0 or not candidates(study, 0):
+        return study
+    chosen = studyrecord.choice(study)  # verified as this command asks, margin included?
+    verified = studyrecord.verifications(study).get(chosen.trial) if chosen else None
+    if chosen is None or verified is None or (len(verified.seeds), verified.steps, verified.min_survival) != (
+            config.verify_seeds, config.verification_steps, config.min_survival):
+        return None
+    return None if config.margin and chosen.met and chosen.trial not in studyrecord.margins(study) else study
 
 
 def show_finished(study: Any, config: LaunchConfig) -> dict[str, Any]:
