@@ -6,17 +6,18 @@ MLflow), with a callback that timestamps every record as the driver receives it.
 
 - steps fraction: steps actually trained (all seed runs) / steps of a search that trains every
   trial to its budget (trials x seeds x steps);
-- cancel latency: from the driver receiving a seed's divergence (the alarm record the worker
-  streams at the divergence step, before its forensics replay) to receiving its siblings'
-  CANCELLED records; were there no alarm, the diverged seed's ``forensics_seconds`` would be
-  added (the replay then runs before the worker sends anything);
+- cancel latency: from the driver cancelling a diverged trial's siblings (once each has passed
+  the earliest divergence step, from the alarm record the worker streams at the divergence step
+  before its forensics replay: ``tuner.search``) to receiving their CANCELLED records; were there
+  no alarm, the diverged seed's ``forensics_seconds`` would be added (the replay then runs before
+  the worker sends anything);
   A sibling cancelled while it was still building its graph (no step trained yet) counts too,
   and is shown apart ("starting"): it stops within about 64 ops of the build
   (``tuner.train.StoppableGraph``); a sibling cancelled in the executor's queue before it
   started does not count;
 - report interval: the median time between two progress records of a run, the unit in which the
   goal (siblings cancelled within one report interval) is stated; and the steps a sibling trained
-  past its last progress record before the alarm (at most ``report_every`` when it stops at its
+  past its last progress record before the cancel (at most ``report_every`` when it stops at its
   next report).
 
 Few default-space trials have one seed diverge while its sibling still trains (often both
@@ -108,26 +109,46 @@ def steps_figures(arrivals: list[tuple[float, Any]], args: argparse.Namespace) -
     return {"trained": trained, "full": full, "fraction": trained / full, "pruned_trials": pruned}
 
 
-def latency_samples(arrivals: list[tuple[float, Any]]) -> dict[str, list[float]]:
-    """Per cancelled sibling: seconds from its trial's first divergence record, and steps past it."""
-    alarms: dict[int, float] = {}  # trial -> when its first DIVERGED record arrived
-    forensics: dict[int, float] = {}  # trial -> replay seconds that record waited for (0 for an alarm)
+def cancel_times(arrivals: list[tuple[float, Any]]) -> dict[int, tuple[float, dict[int, int], float]]:
+    """Trial -> (when the driver cancelled its siblings, each seed's last step then, forensics seconds
+    that wait included): as ``tuner.search`` does, once a seed diverged at step s and every seed has
+    passed step s or ended (so a sibling that would diverge before s still does)."""
+    seeds: dict[int, set[int]] = {}
+    for _, r in arrivals:
+        seeds.setdefault(r.trial, set()).add(r.seed)
+    first: dict[int, int] = {}  # trial -> earliest divergence step seen
+    reached: dict[int, dict[int, int]] = {}
+    ended: dict[int, set[int]] = {}
+    out: dict[int, tuple[float, dict[int, int], float]] = {}
     for t, r in arrivals:
-        if r.status.value == "diverged" and r.trial not in alarms:
-            alarms[r.trial] = t
-            forensics[r.trial] = float(r.info.get("forensics_seconds", 0.0)) if r.final else 0.0
-    reached: dict[tuple[int, int], int] = {}  # (trial, seed) -> its last progress step before the alarm
+        if r.trial in out:
+            continue
+        reached.setdefault(r.trial, {})[r.seed] = r.step
+        if r.final:
+            ended.setdefault(r.trial, set()).add(r.seed)
+        if r.status.value == "diverged":
+            first[r.trial] = min(first.get(r.trial, r.step), r.step)
+        done = ended.get(r.trial, set())
+        if r.trial in first and len(done) < len(seeds[r.trial]) and all(
+                s in done or reached[r.trial].get(s, 0) >= first[r.trial] for s in seeds[r.trial]):
+            wait = float(r.info.get("forensics_seconds", 0.0)) if r.final and r.status.value == "diverged" else 0.0
+            out[r.trial] = (t, dict(reached[r.trial]), wait)
+    return out
+
+
+def latency_samples(arrivals: list[tuple[float, Any]]) -> dict[str, list[float]]:
+    """Per cancelled sibling: seconds from the driver's cancel (:func:`cancel_times`) to its final
+    record, and the steps it trained past its last progress record before the cancel."""
+    cancels = cancel_times(arrivals)
     out: dict[str, list[float]] = {"steps": [], "starting": [], "training": [], "gaps": _progress_gaps(arrivals)}
     for t, r in arrivals:
-        before = r.trial not in alarms or t < alarms[r.trial]
-        if r.status.value == "running" and before:
-            reached[(r.trial, r.seed)] = r.step
-        elif r.final and r.status.value == "cancelled" and r.trial in alarms and r.error != QUEUED:
+        if r.final and r.status.value == "cancelled" and r.trial in cancels and r.error != QUEUED:
+            when, reached, wait = cancels[r.trial]
             if r.step > 0:  # it was training (else it was still building its graph)
-                out["steps"].append(r.step - reached.get((r.trial, r.seed), 0))
-                out["training"].append(t - alarms[r.trial] + forensics[r.trial])
+                out["steps"].append(r.step - reached.get(r.seed, 0))
+                out["training"].append(t - when + wait)
             else:
-                out["starting"].append(t - alarms[r.trial])
+                out["starting"].append(t - when)
     return out
 
 
