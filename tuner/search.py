@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import optuna
 
 from tuner.evidence import SeedStream
+from tuner.intermediate import Reports
 from tuner.liveness import DUPLICATE_OF, Liveness
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
@@ -172,6 +173,7 @@ class Search:
         self.stream = stream or SeedStream(0)
         self._run_id = run_id  # trial number -> MLflow run id (or None)
         self._active: dict[int, _Trial] = {}
+        self._reports = Reports()  # intermediate values, written in batches (tuner.intermediate)
         self.outcomes: list[TrialOutcome] = []
         self.compute = Compute()
         # trial number -> (seeds survived, validation loss) of every trial that survived and learned
@@ -209,6 +211,7 @@ class Search:
                 time.sleep(0.5)  # only other drivers' trials are left: wait for them to end or go stale
             for record in self.executor.poll(timeout=0.5):
                 self._on_record(record)
+            self._reports.flush_due()
 
     def _study_open(self) -> tuple[int, int]:
         """(trials to ask, other drivers' running trials), counted in the study at most once a second."""
@@ -306,14 +309,13 @@ class Search:
         loss = record.metrics.get("loss_mean", record.loss)
         at_step[record.seed] = loss if loss is not None else float("nan")
         if len(at_step) == len(active.seeds) and record.step not in active.reported:
-            try:
-                active.trial.report(statistics.fmean(at_step.values()), record.step)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                return  # failed as stale by another launch; _finish says so
+            self._reports.add(active.trial, record.step, statistics.fmean(at_step.values()))
             active.reported.add(record.step)
             del active.losses[record.step]
-            if 0 < self.budget.prune_from <= record.step < self.budget.steps and active.trial.should_prune():
-                self._stop(active, record.step)
+            if 0 < self.budget.prune_from <= record.step < self.budget.steps:
+                self._reports.flush(active.trial)  # the pruner reads the trial's values from the storage
+                if active.trial.should_prune():
+                    self._stop(active, record.step)
 
     def _stop(self, active: _Trial, step: int) -> None:
         """The pruner found this finite trial behind: stop its runs (it is not a divergence)."""
@@ -383,6 +385,7 @@ class Search:
         number = active.trial.number
         record = TrialRecord.from_outcome(outcome, self.budget.steps, self._run_id(number) if self._run_id else None,
                                           active.stopped_at)
+        self._reports.flush(active.trial)  # its intermediate values, before it is told
         try:
             if outcome.state is TrialState.PRUNED:
                 self._report_divergence(active, outcome)

@@ -1,0 +1,36 @@
+"""Batched intermediate values: Optuna holds what ``Trial.report`` would have written, value for value."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tuner.intermediate import Reports
+
+VALUES = {10: 1.5, 20: float("nan"), 30: float("inf"), 40: 0.25}
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "memory"])
+def test_reports_batched_hold_what_report_writes(tmp_path: Path, storage: str) -> None:
+    url = f"sqlite:///{tmp_path / 'o.db'}" if storage == "sqlite" else None
+    study = optuna.create_study(storage=url)
+    by_report, batched, stale = study.ask(), study.ask(), study.ask()
+    for step, value in VALUES.items():
+        by_report.report(value, step)
+    reports = Reports(every=3600.0)
+    for trial in (batched, stale):
+        for step, value in VALUES.items():
+            reports.add(trial, step, value)
+    reports.add(batched, 10, 99.0)  # a step reported twice keeps its first value, as with report
+    reports.flush_due()  # the first write of a running trial: its latest value only
+    assert list(study.trials[batched.number].intermediate_values) == [40]
+    study.tell(stale, state=optuna.trial.TrialState.FAIL)  # failed meanwhile (by another launch, as stale)
+    reports.flush()
+    held = study.trials[batched.number].intermediate_values
+    assert held.keys() == VALUES.keys()
+    for step, value in study.trials[by_report.number].intermediate_values.items():
+        assert held[step] == value or (math.isnan(held[step]) and math.isnan(value))
+    assert study.trials[stale.number].intermediate_values == {40: 0.25}  # nothing written once it was failed
