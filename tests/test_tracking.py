@@ -1,7 +1,9 @@
-"""MLflow tracking through a store that loses answers: retries log everything once, nothing twice."""
+"""MLflow tracking through a store that loses answers (retries log everything once, nothing twice), and
+behind a store slower than the records (telemetry in telemetry.json, nothing lost)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,3 +105,41 @@ def test_restart_closes_a_dead_drivers_runs_and_logs_the_trial_it_never_logged(
     assert got == {done.number: ("survived", "FINISHED"), running.number: ("failed", "KILLED"),
                    unlogged.number: ("failed", "KILLED")}
     assert by_trial[unlogged.number].data.params["learning_rate"] == str(unlogged.params["learning_rate"])
+
+
+def test_tracker_behind_puts_telemetry_in_telemetry_json_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from tuner import tracking
+    from tuner.tracking import TELEMETRY_FILE, Tracker
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tracking, "_SPILL", -1)  # as if the queue were always long: every record spills
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    tracker = Tracker(uri, "behind", {"model": "planted"})
+    config = TrainConfig(1e-2)
+    for number in (0, 1):  # trial 1 is still running when the tracker closes (an interrupted launch)
+        tracker.on_trial_start(number, config)
+        for step in (10, 20, 30):
+            tracker.on_trial_result(RunRecord(number, 7, step, RunStatus.RUNNING, loss=1.0 / step, grad_norm=2.0,
+                                              metrics={"grad_norm/w": float(step), "clip_fraction": float("nan")}))
+    final = RunRecord(0, 7, 30, RunStatus.SURVIVED, final=True, steps_survived=30, loss=0.1, grad_norm=1.5,
+                      val_loss=0.5)
+    tracker.on_trial_result(final)
+    tracker.on_trial_complete(TrialOutcome(0, config, TrialState.COMPLETE, (final,), value=0.5))
+    tracker.close()
+
+    client = MlflowClient(uri)
+    runs = {r.data.tags["trial"]: r.info.run_id for r in client.search_runs([tracker.experiment_id])
+            if "trial" in r.data.tags}
+    for trial, run_id in runs.items():
+        assert [m.step for m in client.get_metric_history(run_id, "seed7/loss")] == [10, 20, 30] + (
+            [30] if trial == "0" else [])  # every record's loss is a metric point
+        assert client.get_metric_history(run_id, "seed7/grad_norm/w") == []
+        path = client.download_artifacts(run_id, TELEMETRY_FILE, str(tmp_path / trial))
+        rows = json.loads(Path(path).read_text())["seed7"]
+        assert rows == [{"step": s, "grad_norm": 2.0, "grad_norm/w": float(s)} for s in (10, 20, 30)]  # NaN left out
+    history = client.get_metric_history(runs["0"], "seed7/grad_norm")
+    assert [(m.step, m.value) for m in history] == [(30, 1.5)]  # a final record's values stay metric points

@@ -6,6 +6,17 @@ or remote store does not idle a worker. When the tracking server does not answer
 stay queued, a warning is printed once, and the next send retries: nothing is lost. Metrics go in
 ``log_batch`` calls of up to 1000, never one call per metric.
 
+What a large cluster needs (bench/driver_rate.py, BENCHMARKS.md): MLflow's stores cost about
+0.1 ms per metric point (SQLite; 0.2 ms on a server with PostgreSQL) and a few ms per call, and a
+record carries about 32 values, so a driver sending all of them keeps up with about 250 records/s.
+So: a run's points are sent once it has 1000 of them or its oldest is older than an interval that
+grows with the runs logging at once (about 10 calls a second in all, at least 1 s, at most 10 s);
+a trial's run is created ahead of the queue (so that ``run_id`` never waits for it); and when
+more than 10,000 points wait to be sent, a progress record's values other than ``loss`` go to its
+run's ``telemetry.json`` (one row per seed and step) instead of metric points, until the queue is
+short again. Nothing is dropped: every record's loss is a metric point, each of its other values
+a metric point or in a row of telemetry.json.
+
 A child run gets, per seed, the telemetry of each report step (``seed0/loss``,
 ``seed0/grad_norm``, ``seed0/clip_fraction``, ``seed0/grad_norm/layer0/kernel``,
 ``seed0/iter_3/input_absmax``, ..., where 0 stands for the seed itself, drawn from the study's
@@ -27,7 +38,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from tuner import mlflow_ui
 from tuner.errors import TrackingError
@@ -38,6 +49,9 @@ log = logging.getLogger(__name__)
 _RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "FINISHED", TrialState.STOPPED: "FINISHED",
                TrialState.FAIL: "FAILED"}
 _BATCH = 1000
+_CALLS_PER_S = 10  # metric calls a second the sender aims at, however many runs log at once
+_SPILL = 10_000  # metric points waiting to be sent above which telemetry goes to telemetry.json
+TELEMETRY_FILE = "telemetry.json"
 DIVERGENCE_FILE = "divergence.json"
 DRIVER_TAG = "tuner.driver"  # the id of the launch that created a run (tuner.liveness)
 
@@ -109,7 +123,11 @@ class Tracker:
         self._runs: dict[int, str] = {}  # trial number -> child run id
         self._create_tried: set[int] = set()  # trials whose child run creation was sent at least once
         self._ops: deque[Callable[[], object]] = deque()
-        self._metrics: dict[int | str, list[Any]] = {}  # trial number or phase run name -> metrics not yet queued
+        self._children: dict[int, dict[str, Any]] = {}  # trial number -> params of its run, not yet created
+        self._metrics: dict[int | str, list[tuple[str, float, int, int]]] = {}  # target -> (key, value, ms, step)
+        self._since: dict[int | str, float] = {}  # target -> when its oldest buffered point came
+        self._tables: dict[int | str, dict[str, list[dict[str, float]]]] = {}  # target -> seed<N> -> rows spilled
+        self._rows_in = self._rows_out = 0  # metric points buffered, sent (each written by one thread)
         self._phase_runs: dict[tuple[int, str], int] = {}  # (trial, phase) -> phase runs made so far
         self._current: dict[tuple[int, str], str] = {}  # (trial, phase) -> name of its open phase run
         self._named: dict[str, str] = {}  # phase run name -> its run id
@@ -132,15 +150,19 @@ class Tracker:
             self.client.set_experiment_tag(self.experiment_id, key, value)
 
     def run_id(self, number: int) -> str | None:
-        """The child run id of a trial (flushing first if its creation is still queued)."""
+        """The child run id of a trial (creating it first if it is still to be created; None if that fails)."""
         if number not in self._runs:
-            self.flush()
+            with self._lock:
+                self._create_children()
         return self._runs.get(number)
 
+    def backlog(self) -> int:
+        """Metric points buffered or queued and not yet sent."""
+        return self._rows_in - self._rows_out
+
     def on_trial_start(self, number: int, config: TrainConfig) -> None:
-        """Queue the child run's creation with its params."""
-        params = {**config.flat(), "trial": number}
-        self._ops.append(lambda: self._create_child(number, params))
+        """Note the child run to create (ahead of the queue) with its params."""
+        self._children[number] = {**config.flat(), "trial": number}
 
     def on_phase_start(self, number: int, phase: Phase, config: TrainConfig, seeds: Sequence[int]) -> None:
         """Queue a run for a config's race level, verification or margin runs, nested under the trial's run."""
@@ -154,7 +176,7 @@ class Tracker:
     def on_phase_end(self, outcome: TrialOutcome) -> None:
         """Queue the phase run's summary, tags and end status."""
         name = self._current.pop((outcome.number, outcome.phase.value))
-        self._queue_metrics()
+        self._queue_target(name)
         tags, metrics = {**outcome_tags(outcome), **mlflow_ui.run_labels(name, outcome)}, outcome_metrics(outcome)
         now = int(time.time() * 1000)
         points = [self._Metric(k, v, now, step) for k, v, step in mlflow_ui.divergence_points(outcome)]
@@ -166,6 +188,7 @@ class Tracker:
             self.client.set_terminated(run_id, _RUN_STATUS[outcome.state])
 
         self._ops.append(summary)
+        self._queue_due()
         self._wake.set()
 
     def set_launch_metrics(self, metrics: Mapping[str, float]) -> None:
@@ -175,26 +198,31 @@ class Tracker:
         self._ops.append(lambda: self.client.log_batch(self.parent_id, metrics=items))
 
     def on_trial_result(self, record: RunRecord) -> None:
-        """Buffer the record's metrics (per seed) at its step, on the run of its phase."""
-        now = int(time.time() * 1000)
-        values: dict[str, float | None] = {"loss": record.loss, "grad_norm": record.grad_norm}
-        if not record.final:
-            values.update(record.metrics)
+        """Buffer the record's metrics (per seed) at its step, on the run of its phase; its telemetry
+        goes to the run's telemetry.json instead while the queue is long (see the module docs)."""
+        now, seed, step = int(time.time() * 1000), f"seed{record.seed}/", record.step
         target: int | str = record.trial
         if record.phase is not Phase.SEARCH:
             target = self._current.get((record.trial, record.phase.value), record.trial)
         batch = self._metrics.setdefault(target, [])
-        for key, value in values.items():
-            if value is not None and value == value and abs(value) != float("inf"):
-                batch.append(self._Metric(f"seed{record.seed}/{key}", float(value), now, record.step))
-        if time.monotonic() - self._last_queued > 1.0:
-            self._queue_metrics()
-            self._wake.set()
+        if not batch:
+            self._since[target] = time.monotonic()
+        before, values = len(batch), {"grad_norm": record.grad_norm, **({} if record.final else record.metrics)}
+        if _finite(record.loss):
+            batch.append((seed + "loss", float(record.loss), now, step))
+        if not record.final and self.backlog() > _SPILL:
+            row = {k: float(v) for k, v in values.items() if _finite(v)}
+            self._tables.setdefault(target, {}).setdefault(f"seed{record.seed}", []).append({"step": step, **row})
+        else:
+            batch.extend((seed + k, float(v), now, step) for k, v in values.items() if _finite(v))
+        self._rows_in += len(batch) - before
+        if time.monotonic() - self._last_queued > 0.25:
+            self._queue_due()
 
     def on_trial_complete(self, outcome: TrialOutcome) -> None:
         """Queue the trial's summary, tags and end status, then flush."""
-        self._queue_metrics()
         number = outcome.number
+        self._queue_target(number)
         tags = {**outcome_tags(outcome), **mlflow_ui.run_labels(f"trial-{number}", outcome)}
         metrics = outcome_metrics(outcome)
         now = int(time.time() * 1000)
@@ -212,6 +240,7 @@ class Tracker:
         if doc is not None:
             self._ops.append(lambda: self.client.log_dict(self._runs[number], doc, DIVERGENCE_FILE))
         self._ops.append(lambda: self.client.set_terminated(self._runs[number], status))
+        self._queue_due()
         self._wake.set()
 
     def set_launch_tags(self, tags: Mapping[str, str]) -> None:
@@ -225,10 +254,14 @@ class Tracker:
         return self._send()
 
     def _send(self) -> bool:
-        """Send queued operations in order; on failure keep the rest and warn once."""
-        with self._lock:
-            while self._ops:
+        """Send queued operations in order (trials' runs created first); on failure keep the rest and
+        warn once. The lock is taken per operation, so that ``run_id`` waits for one at most."""
+        while True:
+            with self._lock:
                 try:
+                    self._create_children()
+                    if not self._ops:
+                        break
                     self._ops[0]()
                 except Exception as exc:  # the server went away: keep the op, retry on the next send
                     if not self._warned:
@@ -237,10 +270,17 @@ class Tracker:
                         self._warned = True
                     return False
                 self._ops.popleft()
-            if self._warned:
-                log.warning("MLflow at %s answers again; the buffered records are logged", _redact(self.uri))
-                self._warned = False
-            return True
+        if self._warned:
+            log.warning("MLflow at %s answers again; the buffered records are logged", _redact(self.uri))
+            self._warned = False
+        return True
+
+    def _create_children(self) -> None:
+        """Create the trials' runs noted by on_trial_start, oldest first (under the lock)."""
+        while self._children:
+            number, params = next(iter(self._children.items()))
+            self._create_child(number, params)
+            del self._children[number]
 
     def _send_loop(self) -> None:
         """The background sender: the queue about once a second, or at once when woken."""
@@ -262,6 +302,8 @@ class Tracker:
                 self.client.log_artifact(self.parent_id, path)
             self.client.set_terminated(self.parent_id, status)
 
+        for target in [t for t in self._tables if t not in self._metrics]:
+            self._queue_target(target)  # runs still open (an interrupted launch): their telemetry.json now
         self._ops.append(end)
         self._stopping = True
         self._wake.set()
@@ -363,17 +405,36 @@ class Tracker:
         return runs[0].info.run_id if runs else None
 
     def _queue_metrics(self) -> None:
-        """Queue the buffered metrics (from the search loop's thread only)."""
-        self._last_queued = time.monotonic()
-        for number, metrics in self._metrics.items():
-            for start in range(0, len(metrics), _BATCH):
-                chunk = metrics[start : start + _BATCH]
-                self._ops.append(functools.partial(self._log_metrics, number, chunk))
-        self._metrics = {}
+        """Queue every run's buffered metrics and spilled telemetry (from the search loop's thread only)."""
+        for target in [*self._metrics, *self._tables]:
+            self._queue_target(target)
 
-    def _log_metrics(self, target: int | str, metrics: list[Any]) -> None:
-        run_id = self._named[target] if isinstance(target, str) else self._runs[target]
-        self.client.log_batch(run_id, metrics=metrics)
+    def _queue_due(self) -> None:
+        """Queue the metrics of the runs with 1000 points or whose oldest point is older than the
+        interval (about ``_CALLS_PER_S`` calls a second in all); wake the sender."""
+        now = time.monotonic()
+        self._last_queued = now
+        interval = min(10.0, max(1.0, len(self._metrics) / _CALLS_PER_S))
+        for target, batch in list(self._metrics.items()):
+            if len(batch) >= _BATCH or now - self._since[target] >= interval:
+                self._queue_target(target, tables=False)
+        self._wake.set()
+
+    def _queue_target(self, target: int | str, tables: bool = True) -> None:
+        """Queue one run's buffered metrics (and, at its end, its spilled telemetry)."""
+        metrics = self._metrics.pop(target, [])
+        for start in range(0, len(metrics), _BATCH):
+            self._ops.append(functools.partial(self._log_metrics, target, metrics[start : start + _BATCH]))
+        doc = self._tables.pop(target, None) if tables else None
+        if doc:
+            self._ops.append(lambda: self.client.log_dict(self._run_of(target), doc, TELEMETRY_FILE))
+
+    def _run_of(self, target: int | str) -> str:
+        return self._named[target] if isinstance(target, str) else self._runs[target]
+
+    def _log_metrics(self, target: int | str, metrics: list[tuple[str, float, int, int]]) -> None:
+        self.client.log_batch(self._run_of(target), metrics=[self._Metric(*m) for m in metrics])
+        self._rows_out += len(metrics)
 
     def _create_phase_run(self, number: int, phase: Phase, name: str, params: Mapping[str, Any]) -> None:
         """Create a phase run, nested under the trial's run (or under the launch run if the trial
@@ -456,6 +517,10 @@ def outcome_metrics(outcome: TrialOutcome) -> dict[str, float]:
             metrics[f"seed{r.seed}/val_loss"] = r.val_loss
         metrics.update({f"seed{r.seed}/{k}": v for k, v in r.metrics.items()})
     return metrics
+
+
+def _finite(value: float | None) -> TypeGuard[float]:
+    return value is not None and value == value and abs(value) != float("inf")
 
 
 def _first_line(exc: BaseException) -> str:
