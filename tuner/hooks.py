@@ -7,6 +7,13 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
 - :func:`stoppable_graph`: TensorFlow's ``Graph._create_op_internal``, through which every op a
   Python TF API makes passes, asks a run's cancel flag while a graph is built. Without it a build
   is not stopped early: a cancelled run holds its slot until its build ends.
+- :func:`set_int_attr` / :func:`can_set_attrs`: TensorFlow's ``Operation._set_attr``, to give a
+  kept graph's random ops another run's seeds (``tuner.seeding``). Without it a worker builds every
+  run's graph afresh (``tuner.graph.Graphs`` keeps none): the same results, paying each build.
+- :func:`is_enqueued`: Optuna's ``Study._storage`` and ``Trial._trial_id``, to read whether a trial
+  was enqueued (its ``fixed_params`` system attribute; ``Trial.system_attrs`` is gone from the
+  public API). Without it every trial counts as enqueued: a resumed study trains a repeated config
+  again instead of skipping it (``tuner.search``).
 - :func:`stop_ray_monitor`: Ray's ``ray._private.worker._global_node`` and its processes, to kill
   the embedded cluster's autoscaler monitor before ``ray.shutdown``. Without it the shutdown
   takes a second longer.
@@ -24,6 +31,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 CREATE_OP = "_create_op_internal"  # the tf.Graph method every Python op creation goes through
+SET_ATTR = "_set_attr"  # the tf.Operation method that sets an attribute of an op already in a graph
 CHECK_EVERY = 64  # ops between two calls of a build's should_stop (~10 ms of building)
 
 
@@ -89,6 +97,37 @@ def stop_checks(graph: Any) -> None:
     stop = getattr(graph, "stop_checks", None)
     if stop is not None:
         stop()
+
+
+def can_set_attrs() -> bool:
+    """Whether :func:`set_int_attr` can set an op's attributes (TensorFlow's ``Operation._set_attr``)."""
+    import tensorflow as tf
+
+    if callable(getattr(tf.Operation, SET_ATTR, None)):
+        return True
+    log.debug("tf.Operation has no %s: a kept graph cannot be reseeded, each run builds its own", SET_ATTR)
+    return False
+
+
+def set_int_attr(op: Any, name: str, value: int) -> None:
+    """Set the int attribute ``name`` of graph op ``op`` (check :func:`can_set_attrs` first)."""
+    from tensorflow.core.framework import attr_value_pb2
+
+    getattr(op, SET_ATTR)(name, attr_value_pb2.AttrValue(i=value))
+
+
+def is_enqueued(trial: Any) -> bool:
+    """Whether Optuna ``trial`` was enqueued (``study.enqueue_trial``): its params were fixed, not sampled.
+
+    Fails open: when Optuna's storage internals cannot be read, True (the caller then treats the
+    trial as one a user asked for and trains it), said at debug level.
+    """
+    try:
+        attrs = trial.study._storage.get_trial_system_attrs(trial._trial_id)
+    except AttributeError as exc:
+        log.debug("cannot read trial %s's system attrs (%s): counted as enqueued", getattr(trial, "number", "?"), exc)
+        return True
+    return "fixed_params" in attrs
 
 
 def stop_ray_monitor() -> None:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from tuner.hooks import can_set_attrs, set_int_attr
+
 MAXINT32 = 2**31 - 1  # TensorFlow truncates graph and op seeds modulo this (random_seed._truncate_seed)
 
 
@@ -45,12 +47,13 @@ def random_ops(graph: Any, seed: int) -> tuple[list[tuple[Any, int]], bool]:
     ``g`` (made with raw seeds), one that takes its seeds as inputs (``tf.data``'s shuffle), or a
     stateless random op seeded by a constant (Keras's initializers, seeded from Python's
     ``random``, see :func:`python_seeded`; not one seeded by ``step_seed()``) makes a graph that is
-    always built afresh.
+    always built afresh, as is every graph when TensorFlow's op attributes cannot be set
+    (``tuner.hooks.can_set_attrs``).
     """
     has_seed: dict[str, tuple[bool, bool, int | None]] = {}  # op type -> (seed attrs, seed2 input, seed input)
     found: list[tuple[Any, int]] = []
     graph_seed = seed % MAXINT32
-    reusable = True
+    reusable = can_set_attrs()
     for op in graph.get_operations():
         if op.type not in has_seed:
             attrs = {a.name for a in op.op_def.attr}
@@ -75,11 +78,7 @@ def reseed_ops(ops: list[tuple[Any, int]], seed: int) -> None:
 
     Takes effect in sessions opened afterwards (a session reads the graph when it first runs).
     """
-    from tensorflow.core.framework import attr_value_pb2
-
     graph_seed = seed % MAXINT32
-    first = attr_value_pb2.AttrValue(i=graph_seed)
     for op, op_seed in ops:
-        op._set_attr("seed", first)
-        second = MAXINT32 if (graph_seed, op_seed) == (0, 0) else op_seed
-        op._set_attr("seed2", attr_value_pb2.AttrValue(i=second))
+        set_int_attr(op, "seed", graph_seed)
+        set_int_attr(op, "seed2", MAXINT32 if (graph_seed, op_seed) == (0, 0) else op_seed)

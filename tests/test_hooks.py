@@ -1,0 +1,82 @@
+"""The private-API hooks (tuner.hooks): each works today, and each fails open, said at debug level,
+when the private API it reaches for is gone."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+
+from planted import Planted
+
+from tuner import hooks
+from tuner.records import TrainConfig
+
+
+def test_is_enqueued_tells_an_enqueued_trial_from_a_sampled_one() -> None:
+    study = optuna.create_study()
+    study.enqueue_trial({"x": 0.5})
+    enqueued, sampled = study.ask(), study.ask()
+    assert (hooks.is_enqueued(enqueued), hooks.is_enqueued(sampled)) == (True, False)
+
+
+def test_is_enqueued_counts_a_trial_as_enqueued_when_optunas_storage_is_unreadable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    study = optuna.create_study()
+    trial = study.ask()
+    monkeypatch.setattr(study, "_storage", object())  # an Optuna whose storage lacks get_trial_system_attrs
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert hooks.is_enqueued(trial) is True
+    assert "counted as enqueued" in caplog.text
+
+
+@pytest.mark.ray
+def test_stop_ray_monitor_does_nothing_when_rays_node_internals_are_gone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import ray._private.worker
+
+    monkeypatch.delattr(ray._private.worker, "_global_node")
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        hooks.stop_ray_monitor()  # no cluster is touched, nothing raised
+    assert "could not stop the autoscaler monitor" in caplog.text
+
+
+@pytest.mark.tf
+def test_stoppable_graph_stops_a_build_and_is_a_plain_graph_without_create_op_internal(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import tensorflow as tf
+
+    graph = hooks.stoppable_graph(lambda: True)
+    with graph.as_default(), pytest.raises(hooks.BuildStopped):
+        for _ in range(hooks.CHECK_EVERY):
+            tf.constant(1.0)
+    monkeypatch.delattr(tf.Graph, hooks.CREATE_OP)
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        plain = hooks.stoppable_graph(lambda: True)
+    assert type(plain) is tf.Graph
+    assert "will not stop early" in caplog.text
+    hooks.stop_checks(plain)  # nothing to stop on a plain graph
+
+
+@pytest.mark.tf
+def test_graphs_build_every_run_afresh_when_op_attrs_cannot_be_set(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tuner.graph import Graphs
+
+    model = Planted()
+    config = TrainConfig(1e-2, knobs={k: v.default for k, v in model.knobs.items()})
+    assert hooks.can_set_attrs()
+    monkeypatch.setattr(hooks, "SET_ATTR", "_set_attr_renamed")  # as if a TensorFlow release renamed it
+    graphs = Graphs(size=2)
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert [graphs.get(model, config, seed)[1] for seed in (0, 1)] == [False, False]
+    assert "cannot be reseeded" in caplog.text
