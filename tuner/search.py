@@ -1,6 +1,6 @@
 """The search driver: Optuna ask/tell over seed runs streamed back by an executor.
 
-A trial is one config on K seeds, run in parallel. How a trial ends (see design.md):
+A trial is one config on K seeds, run in parallel. How a trial ends (see README, "What a launch does"):
 
 - every seed reached the budget: COMPLETE, with the validation loss averaged over seeds;
 - a seed went non-finite at step s: each sibling is cancelled once it has passed step s (or ended
@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import optuna
 
 from tuner.evidence import SeedStream
+from tuner.hooks import is_enqueued
 from tuner.intermediate import Reports
 from tuner.liveness import DUPLICATE_OF, Liveness
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
@@ -240,7 +241,7 @@ class Search:
     def _twin(self, trial: optuna.trial.Trial) -> int | None:
         """The earlier launch's trial whose config this one repeats (a resumed study never replays a
         config it trained); None for an enqueued trial (a rerun, or a config a user asked for)."""
-        if not self._held or "fixed_params" in self.study._storage.get_trial_system_attrs(trial._trial_id):
+        if not self._held or is_enqueued(trial):
             return None
         return next((number for number, params in self._held.items() if params == trial.params), None)
 
