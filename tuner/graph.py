@@ -493,6 +493,6 @@ def session_config(threads: int, gpu: bool) -> Any:
     )
     proto.gpu_options.allow_growth = gpu
     # Grappler's graph rewrites cost ~0.8 s on the first step of every run and do not pay that
-    # back over a few hundred ~3 ms steps (bench/step_cost.py); runs here are short.
+    # back over a few hundred ~3 ms steps (measured when it was turned off, commit 6a04183); runs here are short.
     proto.graph_options.rewrite_options.disable_meta_optimizer = True
     return proto

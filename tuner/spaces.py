@@ -85,7 +85,6 @@ class SearchSpace:
 
     model: str
     params: Mapping[str, Param]
-    source: str = "<defaults>"
 
     def suggest(self, trial: Any) -> TrainConfig:
         """Ask Optuna for one point of the space."""
@@ -168,7 +167,7 @@ def space_from(
         else Param(name, knob, fixed=True, value=knob.default)
         for name, knob in all_knobs.items()
     }
-    return SearchSpace(model, parsed, where)
+    return SearchSpace(model, parsed)
 
 
 def default_space(model: str, knobs: Mapping[str, Knob]) -> SearchSpace:
