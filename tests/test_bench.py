@@ -22,6 +22,7 @@ SCRIPTS = {
     "pruning.py": ["RESULT pruning steps_fraction =", "RESULT pruning cancel_latency ="],
     "search_efficiency.py": ["RESULT efficiency tpe =", "RESULT efficiency ratio ="],
     "robustness.py": ["RESULT robustness smoke worst_survival =", "RESULT robustness smoke compute_ratio ="],
+    "driver_rate.py": ["RESULT driver_rate sqlite =", "RESULT driver_rate tensorflow_imported = no"],
     "driver_footprint.py": [
         "RESULT driver cpu_per_1000_records =", "RESULT driver peak_memory =", "RESULT driver tensorflow_imported = no",
         "RESULT driver record_cost =",

@@ -302,8 +302,7 @@ class Tracker:
                 self.client.log_artifact(self.parent_id, path)
             self.client.set_terminated(self.parent_id, status)
 
-        for target in [t for t in self._tables if t not in self._metrics]:
-            self._queue_target(target)  # runs still open (an interrupted launch): their telemetry.json now
+        self._queue_metrics()  # with the telemetry.json of runs still open (an interrupted launch)
         self._ops.append(end)
         self._stopping = True
         self._wake.set()
