@@ -32,6 +32,9 @@ def trainable(config: dict[str, Any], steps: int, seeds: int, report_every: int)
     from benchlib import MODEL, train_config
     from ray import tune
 
+    from tuner.worker import use_legacy_keras
+
+    use_legacy_keras()  # as tuner's workers: tf.compat.v1.layers need Keras 2, chosen before TF is imported
     from tuner.models import load_model
     from tuner.records import RunSpec, RunStatus
     from tuner.train import train_run
