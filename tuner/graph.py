@@ -16,10 +16,10 @@ loss. A model with one loss builds exactly as before, without such scopes.
 Graph reuse: tuner's own knobs (learning rate, decay, clip norm, L2 weight) are fed at run time
 (:class:`Hyper`), so the graph depends only on the model's knobs. A worker keeps the graphs of the
 last few model configs (:class:`Graphs`) and, for a run on another seed, sets the seed attribute
-of every random op to what a fresh build with that seed would give (:func:`reseed`,
-``tuner.seeding``) and opens a new session: the variables start from the same values as after a
-fresh build, so results do not change, and the build (about half of a 600-step run at
-``max_iter`` 10) is paid once per config and worker.
+of every random op (and the constant seeding each Keras initializer) to what a fresh build with
+that seed would give (:func:`reseed`, ``tuner.seeding``) and opens a new session: the variables
+start from the same values as after a fresh build, so results do not change, and the build
+(about half of a 600-step run at ``max_iter`` 10) is paid once per config and worker.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import tensorflow as tf
 from tuner.hooks import BuildStopped, stop_checks, stoppable_graph
 from tuner.models.base import STEP_SEED, Loss, Model, ModelGraph
 from tuner.records import TrainConfig
-from tuner.seeding import MAXINT32, python_seeded, random_ops, reseed_ops
+from tuner.seeding import MAXINT32, python_seeded, random_ops, reseed_consts, reseed_ops
 
 __all__ = [
     "DECAY_STEPS", "OPTIMIZER_DEFAULTS", "UPDATED_SCOPE", "BuildStopped", "Built", "Graphs", "Hyper", "Snapshot",
@@ -147,6 +147,7 @@ class Built:
     init: Any  # the initializer of every global variable
     seed: int  # the graph-level seed its random ops now carry (see reseed)
     random_ops: list[tuple[Any, int]] = field(default_factory=list)  # (op, its op seed): every random op
+    seed_consts: list[tuple[Any, int]] = field(default_factory=list)  # (Const, its Python draw): Keras' seeds
     step_seed: Any = None  # the model's step_seed() placeholder, if it made one
     reusable: bool = True  # its random ops' seeds follow TensorFlow's rule, so reseed gives a fresh build's
 
@@ -210,13 +211,13 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
             reader = StateReader(state)  # read after the update, when fetched with the (last) train op
         init = tf1.global_variables_initializer()
     stop_checks(graph)  # the run's cancel flag is not asked again by ops made later in this graph
-    seeded_ops, reusable = random_ops(graph, seed)
+    seeded_ops, seed_consts, reusable = random_ops(graph, seed)
     try:
         step_seed = graph.get_tensor_by_name(STEP_SEED + ":0")
     except KeyError:
         step_seed = None
     return Built(graph, mg, runs, val_loss, state, reader, hyper, init, seed,
-                 random_ops=seeded_ops, reusable=reusable, step_seed=step_seed)
+                 random_ops=seeded_ops, seed_consts=seed_consts, reusable=reusable, step_seed=step_seed)
 
 
 class _Fixed:
@@ -314,6 +315,7 @@ def reseed(built: Built, seed: int) -> None:
     if not built.reusable:
         raise ValueError("this graph's random ops do not follow the graph seed; build it afresh")
     reseed_ops(built.random_ops, seed)
+    reseed_consts(built.seed_consts, seed)
     built.seed = seed
 
 

@@ -7,8 +7,9 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
 - :func:`stoppable_graph`: TensorFlow's ``Graph._create_op_internal``, through which every op a
   Python TF API makes passes, asks a run's cancel flag while a graph is built. Without it a build
   is not stopped early: a cancelled run holds its slot until its build ends.
-- :func:`set_int_attr` / :func:`can_set_attrs`: TensorFlow's ``Operation._set_attr``, to give a
-  kept graph's random ops another run's seeds (``tuner.seeding``). Without it a worker builds every
+- :func:`set_int_attr`, :func:`set_tensor_attr` / :func:`can_set_attrs`: TensorFlow's
+  ``Operation._set_attr``, to give a kept graph's random ops (and the constants seeding Keras'
+  initializers) another run's seeds (``tuner.seeding``). Without it a worker builds every
   run's graph afresh (``tuner.graph.Graphs`` keeps none): the same results, paying each build.
 - :func:`is_enqueued`: Optuna's ``Study._storage`` and ``Trial._trial_id``, to read whether a trial
   was enqueued (its ``fixed_params`` system attribute; ``Trial.system_attrs`` is gone from the
@@ -114,6 +115,15 @@ def set_int_attr(op: Any, name: str, value: int) -> None:
     from tensorflow.core.framework import attr_value_pb2
 
     getattr(op, SET_ATTR)(name, attr_value_pb2.AttrValue(i=value))
+
+
+def set_tensor_attr(op: Any, name: str, value: Any) -> None:
+    """Set the tensor attribute ``name`` of graph op ``op`` (a Const's ``value``) to array ``value``
+    (check :func:`can_set_attrs` first)."""
+    import tensorflow as tf
+    from tensorflow.core.framework import attr_value_pb2
+
+    getattr(op, SET_ATTR)(name, attr_value_pb2.AttrValue(tensor=tf.make_tensor_proto(value)))
 
 
 def is_enqueued(trial: Any) -> bool:
