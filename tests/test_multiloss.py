@@ -202,3 +202,4 @@ def test_launch_the_gan_its_divergence_names_the_loss_in_mlflow(tmp_path: Path) 
     assert (tags["status"], tags["diverged_on"], tags["diverged_loss"]) == ("diverged", "loss", "d_loss"), tags
     assert tags["first_nonfinite_op"] == "d_loss/Log_1"
     assert tags["forensics_note"].startswith('loss "d_loss" went non-finite first')
+    assert 'step 2: loss "d_loss"' in result.stdout  # the console's line for the diverged trial names it too

@@ -50,7 +50,8 @@ class SeedResult:
         step: the divergence step (diverged), the step it was cancelled at, or the last step reached.
         steps_survived: steps it trained without a non-finite value.
         phase: ``search`` or ``race``.
-        diverged_on: loss / gradient / weight / validation (diverged runs).
+        diverged_on: loss / gradient / weight / validation (diverged runs); for a model with
+            several losses, which one (``gradient of loss "g_loss"``: :func:`tuner.records.cause_text`).
         op: the first non-finite op the forensics named (``iter_2/recompute_input/Log``), if any.
         reason: why it failed or was cancelled.
         val_loss: its validation loss (survivors).
@@ -93,7 +94,7 @@ class SeedResult:
         node = record.info.get("node_id")
         return cls(
             seed=record.seed, status=status, step=record.step, steps_survived=record.steps_survived,
-            phase=record.phase.value, diverged_on=record.diverged_on.value if record.diverged_on else None,
+            phase=record.phase.value, diverged_on=record.cause,
             op=op, reason=record.error if status in (SeedStatus.FAILED, SeedStatus.CANCELLED) else None,
             val_loss=record.val_loss, init_val_loss=record.init_val_loss, node=str(node) if node else None,
         )
