@@ -13,7 +13,7 @@ MLflow), with a callback that timestamps every record as the driver receives it.
   the worker sends anything);
   A sibling cancelled while it was still building its graph (no step trained yet) counts too,
   and is shown apart ("starting"): it stops within about 64 ops of the build
-  (``tuner.train.StoppableGraph``); a sibling cancelled in the executor's queue before it
+  (``tuner.hooks.stoppable_graph``); a sibling cancelled in the executor's queue before it
   started does not count;
 - report interval: the median time between two progress records of a run, the unit in which the
   goal (siblings cancelled within one report interval) is stated; and the steps a sibling trained
