@@ -38,8 +38,10 @@ def test_check_model_passes_on_builtin_models(spec: str, capsys: pytest.CaptureF
     assert status == 0, "\n".join(lines)
     assert lines[-1].endswith("all checks passed")
     names = ["contract", "knob names", "data", "build", "loss", "gradients", "training"]
-    names += [f"knob {knob}" for knob in load_model(spec).knobs]
+    knobs = load_model(spec).knobs
+    names += [f"knob {knob}" for knob in knobs]
     assert all(line(lines, name).startswith("PASS") for name in names)
+    assert all(f"({k.help})" in line(lines, f"knob {name}") for name, k in knobs.items() if k.help)  # shown
 
 
 @pytest.mark.tf

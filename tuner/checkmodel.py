@@ -300,7 +300,8 @@ class Probe:
                 for value in tried:
                     change = self.difference(context, {**context, name: value})
                     if change:
-                        return Check(f"knob {name}", True, f"{name}={value!r} {change}{note}")
+                        about = f" ({self.model.knobs[name].help})" if self.model.knobs[name].help else ""
+                        return Check(f"knob {name}", True, f"{name}={value!r} {change}{note}{about}")
         except ModelError as exc:
             return Check(f"knob {name}", False, str(exc))
         return Check(f"knob {name}", False, f"model {self.spec!r}: knob {name!r} changes nothing: none of "

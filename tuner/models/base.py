@@ -68,7 +68,7 @@ class Knob:
         high: largest valid value (``float``/``int``), inclusive.
         choices: the valid values of a ``categorical`` knob.
         nullable: ``None`` is a valid value (for example "no clipping").
-        help: one line shown by ``check-model`` and in errors.
+        help: one line on what the knob does, shown by ``check-model`` beside its check.
     """
 
     kind: KnobKind
