@@ -229,11 +229,6 @@ class RunRecord:
         """What went non-finite first, in words (:func:`cause_text`); None if nothing did."""
         return cause_text(self.diverged_on, self.diverged_loss) if self.diverged_on else None
 
-    @property
-    def divergence_step(self) -> int | None:
-        """The first non-finite step, for a diverged run."""
-        return self.step if self.status is RunStatus.DIVERGED else None
-
 
 class TrialState(enum.StrEnum):
     """How a trial ended: the MLflow ``status`` tag (the value) and, through it, the Optuna state.
