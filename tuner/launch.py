@@ -421,13 +421,13 @@ def show_finished(study: Any, config: LaunchConfig) -> dict[str, Any]:
 
 def warn_overwrite(config: LaunchConfig) -> None:
     """Warn before this launch's best config overwrites the one another study wrote to ``--out``."""
-    import yaml
+    from tuner.config import read_yaml
 
     path = Path(config.out)
     try:
-        held = yaml.safe_load(path.read_text()) if path.is_file() else None
+        held = read_yaml(path, "best config") if path.is_file() else None
         other = held["study"]["name"] if isinstance(held, dict) else None
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
+    except (ConfigError, KeyError, TypeError):
         return
     if other and other != config.study_name:
         console.print(f"warning: {path} holds study {other!r}'s best config; this launch of study "

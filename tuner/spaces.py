@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from tuner.config import read_yaml
 from tuner.errors import ConfigError
 from tuner.models.base import Knob
 from tuner.records import CLIP_MODES, OPTIMIZERS, TrainConfig
@@ -127,14 +126,8 @@ def load_space(path: str | Path, model: str, knobs: Mapping[str, Knob]) -> Searc
     Raises:
         ConfigError: naming the file and the key, for anything that is not a valid space.
     """
-    file = Path(path)
     where = str(path)
-    try:
-        raw = yaml.safe_load(file.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read the search space: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML: {exc}") from exc
+    raw = read_yaml(path, "search space")
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping with a 'params' key")
     unknown = set(raw) - {"model", "params", "description"}
