@@ -13,8 +13,9 @@ A measurement produces records for ``--window`` seconds, then stops the search a
 tracker. The driver *sustains* the rate when
 - it keeps up: the lag of a record (due -> handled by every callback) stays under ``--max-lag``
   seconds, and its median over the window's second half is not above its first half's + 0.5 s;
-- MLflow keeps up: the tracker's unsent metric points do not grow (the median of the window's last
-  quarter is not above that of its second quarter by more than one second's records), and its last
+- MLflow keeps up: the metric points queued for the tracker's sender and not yet sent do not grow
+  (the median of the window's last quarter is not above that of its second quarter by more than
+  one second's records; points a run buffers until its next call do not count), and its last
   writes take under ``--max-drain`` seconds once the records stop (a run's points wait up to 10 s to
   be sent in one call);
 - nothing is lost: every record handled is in MLflow: its ``seed<N>/loss`` as a metric point at its
@@ -302,11 +303,12 @@ def _growth(samples: list[tuple[float, int]], start: float, window: float) -> fl
 
 
 def _watch_backlog(tracker: Any, samples: list[tuple[float, int]]) -> Any:
-    """Sample the tracker's unsent metric points every 0.5 s (if it tells them); returns a stop function."""
+    """Sample the tracker's queued and unsent metric points every 0.5 s (if it tells them); returns a stop
+    function."""
     import threading
 
     done = threading.Event()
-    backlog = getattr(tracker, "backlog", None)
+    backlog = getattr(tracker, "behind", None)
 
     def loop() -> None:
         while not done.wait(0.5):
@@ -516,7 +518,10 @@ def _cluster_launch(address: str, tmp: str, env: dict[str, str], args: argparse.
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name("cluster").experiment_id
+    found = client.get_experiment_by_name("cluster")
+    if found is None:
+        raise RuntimeError("the launch on the cluster logged no MLflow experiment")
+    experiment = found.experiment_id
     runs = [r for r in client.search_runs([experiment], max_results=5000) if r.data.tags.get("trial") is not None]
     placement: dict[str, int] = {}
     records = 0
@@ -563,9 +568,11 @@ def main() -> None:
         print_header(f"driver on a 4-node local Ray cluster (1 CPU per node): {args.trials} trials x "
                      f"{args.cluster_steps} steps x 2 seeds, report every {args.report_every}")
         doc = cluster_run(args)
-        print(table(["node", "seed runs"], sorted(doc["placement"].items())))
-        print(f"RESULT cluster placement = {len(doc['placement'])} nodes, {doc['runs']} seed runs "
-              f"({', '.join(str(v) for _, v in sorted(doc['placement'].items()))})")
+        placed = {node[:12]: n for node, n in sorted(doc["placement"].items()) if node != "unknown"}
+        unplaced = doc["placement"].get("unknown", 0)  # cancelled before a worker took it
+        print(table(["node", "seed runs"], [*placed.items(), ("(none: cancelled before it started)", unplaced)]))
+        print(f"RESULT cluster placement = {len(placed)} nodes, {doc['runs']} seed runs "
+              f"({', '.join(str(v) for v in placed.values())}; {unplaced} without a node)")
         print(f"RESULT cluster records = {doc['records']} progress records in MLflow in {doc['wall']:.1f} s "
               f"({doc['records_per_s']:.1f} records/s)")
         write_json(args.json, doc)

@@ -127,7 +127,7 @@ class Tracker:
         self._metrics: dict[int | str, list[tuple[str, float, int, int]]] = {}  # target -> (key, value, ms, step)
         self._since: dict[int | str, float] = {}  # target -> when its oldest buffered point came
         self._tables: dict[int | str, dict[str, list[dict[str, float]]]] = {}  # target -> seed<N> -> rows spilled
-        self._rows_in = self._rows_out = 0  # metric points buffered, sent (each written by one thread)
+        self._rows_in = self._rows_queued = self._rows_out = 0  # metric points buffered, queued, sent
         self._phase_runs: dict[tuple[int, str], int] = {}  # (trial, phase) -> phase runs made so far
         self._current: dict[tuple[int, str], str] = {}  # (trial, phase) -> name of its open phase run
         self._named: dict[str, str] = {}  # phase run name -> its run id
@@ -159,6 +159,10 @@ class Tracker:
     def backlog(self) -> int:
         """Metric points buffered or queued and not yet sent."""
         return self._rows_in - self._rows_out
+
+    def behind(self) -> int:
+        """Metric points queued for the sender and not yet sent (how far the store is behind)."""
+        return self._rows_queued - self._rows_out
 
     def on_trial_start(self, number: int, config: TrainConfig) -> None:
         """Note the child run to create (ahead of the queue) with its params."""
@@ -422,6 +426,7 @@ class Tracker:
     def _queue_target(self, target: int | str, tables: bool = True) -> None:
         """Queue one run's buffered metrics (and, at its end, its spilled telemetry)."""
         metrics = self._metrics.pop(target, [])
+        self._rows_queued += len(metrics)
         for start in range(0, len(metrics), _BATCH):
             self._ops.append(functools.partial(self._log_metrics, target, metrics[start : start + _BATCH]))
         doc = self._tables.pop(target, None) if tables else None
