@@ -25,6 +25,7 @@ from tuner.capacity import Watched
 from tuner.config import LaunchConfig, prepare_environment, redact
 from tuner.errors import ConfigError, Interrupted
 from tuner.liveness import Liveness, counted
+from tuner.masking import mask
 from tuner.models import Model, load_model, runtime_env
 from tuner.spaces import SearchSpace, default_space, load_space
 from tuner.targets import check_targets
@@ -130,7 +131,10 @@ def stop_launch(study: Any, tracker: Any, liveness: Liveness, exc: BaseException
     if tracker is not None:
         tracker.flush()
         if study is not None:
-            tracker.close_orphans(study, liveness.live_drivers() - {liveness.driver})
+            try:
+                tracker.close_orphans(study, liveness.live_drivers() - {liveness.driver})
+            except Exception as exc:  # MLflow down: the next launch closes them (its repair does the same)
+                log.warning("could not close the stopped trials' MLflow runs: %s", mask(str(exc).splitlines()[0]))
         tracker.close("KILLED" if interrupted else "FAILED", wait=5.0)
     return stopped
 

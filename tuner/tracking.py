@@ -153,7 +153,10 @@ class Tracker:
         """The child run id of a trial (creating it first if it is still to be created; None if that fails)."""
         if number not in self._runs:
             with self._lock:
-                self._create_children()
+                try:
+                    self._create_children()
+                except Exception as exc:  # MLflow is down: the sender creates it once it answers again
+                    log.debug("trial %d's run is not created yet: %s", number, exc)
         return self._runs.get(number)
 
     def backlog(self) -> int:
