@@ -1,6 +1,6 @@
 """The floor: the same seed runs in one process, one after another, with tuner's own training loop.
 
-Reads runs (see ``benchlib``) from a JSON file and trains each with ``tuner.train.train_run``
+Reads runs (see ``benchlib``) from a JSON file and trains each with ``tuner.worker.train.train_run``
 (graph build, session, steps, forensics of a divergence, validation: what a worker runs), stopped
 where the measured tool's run stopped; no Ray, no Optuna, no MLflow. Prints the total, and with
 ``--json`` writes each run's seconds. Used by ``overhead.py`` and ``scaling.py``:
@@ -50,7 +50,7 @@ def train(run: dict[str, Any]) -> dict[str, Any]:
 
     from tuner.models import load_model
     from tuner.records import RunSpec
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = load_model(MODEL)
     config = train_config(run["config"])

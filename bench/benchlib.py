@@ -168,10 +168,10 @@ def run_key(run: Mapping[str, Any]) -> str:
 
 def runs_from_study(study: Any, steps: int, report_every: int) -> list[dict[str, Any]]:
     """The seed runs of a finished tuner study, read back from its trials' records
-    (``tuner.trialrecord``): per seed its status and the step it stopped at (a diverged seed ran
+    (``tuner.driver.trialrecord``): per seed its status and the step it stopped at (a diverged seed ran
     its divergence step, one step past the steps it survived; a cancelled one stopped at a report step).
     """
-    from tuner.trialrecord import SeedStatus, read
+    from tuner.driver.trialrecord import SeedStatus, read
 
     runs = []
     for trial in study.get_trials(deepcopy=False):
@@ -203,9 +203,10 @@ def import_driver() -> None:
     """Import what a tuner driver imports, so that a timed launch measures the launch, not imports."""
     import importlib
 
-    for name in ("matplotlib.figure", "mlflow.tracking", "optuna", "tuner.executor", "tuner.export", "tuner.launch",
-                 "tuner.plots", "tuner.progress", "tuner.report", "tuner.search", "tuner.tracking"):
+    for name in ("matplotlib.figure", "mlflow.tracking", "optuna"):
         importlib.import_module(name)
+    for name in ("executor", "export", "launch", "plots", "progress", "report", "search", "tracking"):
+        importlib.import_module(f"tuner.driver.{name}")
 
 
 def launch_config(tmp: str | Path, **values: Any) -> Any:
@@ -227,11 +228,11 @@ def launch_config(tmp: str | Path, **values: Any) -> Any:
 
 
 def timed_launch(config: Any) -> float:
-    """Run ``tuner.launch.launch(config)`` with its terminal output discarded; its wall time."""
+    """Run ``tuner.driver.launch.launch(config)`` with its terminal output discarded; its wall time."""
     import contextlib
     import io
 
-    from tuner.launch import launch
+    from tuner.driver.launch import launch
 
     pre_create_stores(config.storage, config.tracking_uri)
     with contextlib.redirect_stdout(io.StringIO()):
@@ -272,7 +273,7 @@ def slot_clock(slots: int) -> Iterator[dict[str, float]]:
     cancelled before their first step after they were dispatched: a sibling that was still
     building its graph when another seed diverged) and ``idle`` (no run on the slot).
     """
-    from tuner import executor as ex
+    from tuner.driver import executor as ex
 
     marks: dict[str, Any] = {"start": None, "ready": [], "dispatched": {}, "ended": []}
     original = (ex.RayExecutor.__init__, ex.RayExecutor._dispatch, ex.RayExecutor.poll, ex.RayExecutor._actor_started)

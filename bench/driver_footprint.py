@@ -1,7 +1,7 @@
 """Driver footprint: the driver's CPU time and peak memory per 1000 progress records; no TensorFlow.
 
 Each repeat runs the same launch twice, each in a fresh process that is the driver itself
-(``tuner.launch.launch``: Optuna on SQLite, MLflow on SQLite, the progress view, the plots):
+(``tuner.driver.launch.launch``: Optuna on SQLite, MLflow on SQLite, the progress view, the plots):
 once with few progress records (``--coarse`` report interval) and once with many (``--fine``).
 Per launch: the driver process's CPU time (user + system, all its threads, during the launch),
 its peak resident memory (``ru_maxrss``) before and after, and the records it received (counted
@@ -57,13 +57,13 @@ def record_costs(trials: int = 8, reports: int = 24, metrics: int = 30) -> dict[
     """CPU ms per progress record of its two shares, without Ray: MLflow's writes and Optuna's reports.
 
     Records like a launch's (``metrics`` telemetry values, 2 seeds, ``reports`` report steps per
-    trial) go through ``tuner.tracking.Tracker`` into a SQLite MLflow store; a study on SQLite
+    trial) go through ``tuner.driver.tracking.Tracker`` into a SQLite MLflow store; a study on SQLite
     gets one ``trial.report`` per report step (one per two records, as when both seeds reach it).
     """
     import optuna
 
+    from tuner.driver.tracking import Tracker
     from tuner.records import RunRecord, RunStatus, TrainConfig
-    from tuner.tracking import Tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     values = {f"grad_norm/w{k}": 1.0 for k in range(metrics)}

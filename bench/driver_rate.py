@@ -5,9 +5,9 @@ keeps ``--slots`` seed runs going (``--slots`` / 2 trials of 2 seeds) and produc
 records at ``--rate`` records/s in all, each with the telemetry of a real record (loss, gradient
 norm and ``--metrics`` more values: per-weight gradient norms, watched values, clip statistics),
 ``--steps`` / ``--report-every`` records per run and a final one. About 10 % of the trials diverge
-on one seed (the sibling is cancelled). Everything else is the real driver: ``tuner.search.Search``
-with TPE on an Optuna SQLite storage with heartbeats (``tuner.liveness``), the MLflow tracker
-(``tuner.tracking.Tracker``) and the terminal view, on iterated_mlp's shipped space.
+on one seed (the sibling is cancelled). Everything else is the real driver: ``tuner.driver.search.Search``
+with TPE on an Optuna SQLite storage with heartbeats (``tuner.driver.liveness``), the MLflow tracker
+(``tuner.driver.tracking.Tracker``) and the terminal view, on iterated_mlp's shipped space.
 
 A measurement produces records for ``--window`` seconds, then stops the search and closes the
 tracker. The driver *sustains* the rate when
@@ -90,7 +90,7 @@ class _Run:
 
 @dataclass
 class SimExecutor:
-    """An Executor (tuner.search) whose seed runs are simulated: records at a fixed total rate.
+    """An Executor (tuner.driver.search) whose seed runs are simulated: records at a fixed total rate.
 
     The records of run r are due every ``slots / rate`` seconds; ``poll`` returns every record due
     by now (as Ray would hand over what the workers streamed meanwhile). A record's lag is measured
@@ -237,13 +237,13 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
     """Run the real driver on a SimExecutor at ``rate`` for ``args.window`` s; the figures."""
     import optuna
 
-    from tuner import studyrecord
-    from tuner.liveness import Liveness
+    from tuner.driver import studyrecord
+    from tuner.driver.liveness import Liveness
+    from tuner.driver.progress import ProgressView
+    from tuner.driver.search import Budget, Search, make_pruner, make_sampler
+    from tuner.driver.tracking import Tracker
     from tuner.models import load_model
-    from tuner.progress import ProgressView
-    from tuner.search import Budget, Search, make_pruner, make_sampler
     from tuner.spaces import load_space
-    from tuner.tracking import Tracker
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     model = load_model(MODEL)
@@ -460,7 +460,7 @@ def _wait_port(port: int, timeout: float) -> None:
 
 def cluster_run(args: argparse.Namespace) -> dict[str, Any]:
     """A real launch (iterated_mlp) on a 4-node local Ray cluster, 1 CPU per node; placement and rate."""
-    from tuner.executor import _ensure_token
+    from tuner.driver.executor import _ensure_token
 
     _ensure_token()
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0",

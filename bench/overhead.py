@@ -2,7 +2,7 @@
 
 Each repeat, side by side, each in a fresh process (1 and 2 in an order that rotates per repeat):
 
-1. ``tuner.launch.launch`` on iterated_mlp's shipped space (TPE, sampler seed 0), MLflow and
+1. ``tuner.driver.launch.launch`` on iterated_mlp's shipped space (TPE, sampler seed 0), MLflow and
    Optuna on SQLite (schemas created beforehand, as on any launch after a machine's first); and
    the same launch with ``--no-tracking`` (MLflow's share of the overhead; Ray Tune logs nowhere);
 2. ``ray_tune_baseline.py`` with Tune's default settings and with ``reuse_actors=True``;

@@ -1,14 +1,14 @@
 """Pruning: how much training a search saves by stopping diverged trials, and how fast it stops them.
 
 A study on iterated_mlp's shipped (default) space, driven through the public API
-(``tuner.search.Search`` on a ``tuner.executor.RayExecutor``, an in-memory Optuna study, no
+(``tuner.driver.search.Search`` on a ``tuner.driver.executor.RayExecutor``, an in-memory Optuna study, no
 MLflow), with a callback that timestamps every record as the driver receives it. Figures:
 
 - steps fraction: steps actually trained (all seed runs) / steps of a search that trains every
   trial to its budget (trials x seeds x steps);
 - cancel latency: from the driver cancelling a diverged trial's siblings (once each has passed
   the earliest divergence step, from the alarm record the worker streams at the divergence step
-  before its forensics replay: ``tuner.search``) to receiving their CANCELLED records; were there
+  before its forensics replay: ``tuner.driver.search``) to receiving their CANCELLED records; were there
   no alarm, the diverged seed's ``forensics_seconds`` would be added (the replay then runs before
   the worker sends anything);
   A sibling cancelled while it was still building its graph (no step trained yet) counts too,
@@ -71,7 +71,7 @@ def one_repeat(executor: Any, args: argparse.Namespace) -> dict[str, Any]:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(SPACES_DIR / "iterated_mlp.yaml", "iterated_mlp", load_model("iterated_mlp").knobs)
-    from tuner.search import make_sampler
+    from tuner.driver.search import make_sampler
 
     sampler = make_sampler("tpe", args.seed, len(space.searched()))
     study = optuna.create_study(direction="minimize", sampler=sampler)
@@ -93,7 +93,7 @@ def one_repeat(executor: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 def run_study(executor: Any, study: Any, space: Any, trials: int, args: argparse.Namespace) -> list[tuple[float, Any]]:
     """Run ``trials`` trials of ``study``; every record with the time the driver received it."""
-    from tuner.search import Budget, Search
+    from tuner.driver.search import Budget, Search
 
     clock = Clock()
     budget = Budget(trials, args.steps, args.seeds, args.report_every)
@@ -111,7 +111,7 @@ def steps_figures(arrivals: list[tuple[float, Any]], args: argparse.Namespace) -
 
 def cancel_times(arrivals: list[tuple[float, Any]]) -> dict[int, tuple[float, dict[int, int], float]]:
     """Trial -> (when the driver cancelled its siblings, each seed's last step then, forensics seconds
-    that wait included): as ``tuner.search`` does, once a seed diverged at step s and every seed has
+    that wait included): as ``tuner.driver.search`` does, once a seed diverged at step s and every seed has
     passed step s or ended (so a sibling that would diverge before s still does)."""
     seeds: dict[int, set[int]] = {}
     for _, r in arrivals:
@@ -191,7 +191,7 @@ def main() -> None:
     from tuner.config import prepare_environment
 
     prepare_environment()
-    from tuner.executor import ClusterConfig, RayExecutor
+    from tuner.driver.executor import ClusterConfig, RayExecutor
 
     executor = RayExecutor(ClusterConfig(num_cpus=args.slots))
     try:

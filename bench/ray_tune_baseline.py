@@ -2,8 +2,8 @@
 
 Same model (iterated_mlp), same search space (the shipped ``search_spaces/iterated_mlp.yaml``,
 given to OptunaSearch as a define-by-run function: the same ``suggest`` calls as tuner makes),
-same sampler (``tuner.search.make_sampler``'s TPE, the same seed), same budget, same training loop
-(``tuner.train.train_run``, so only the orchestration differs). One Tune trial is one config: it
+same sampler (``tuner.driver.search.make_sampler``'s TPE, the same seed), same budget, same training loop
+(``tuner.worker.train.train_run``, so only the orchestration differs). One Tune trial is one config: it
 trains its seeds one after another on one CPU, reports every ``--report-every`` steps, and stops at
 the first seed that diverges (a diverged trial scores ``1000 + steps missed``: OptunaSearch
 cannot be told NaN or PRUNED). ``--slots`` trials run at once. The wall time covers
@@ -32,12 +32,12 @@ def trainable(config: dict[str, Any], steps: int, seeds: int, report_every: int)
     from benchlib import MODEL, train_config
     from ray import tune
 
-    from tuner.worker import use_legacy_keras
+    from tuner.worker.actor import use_legacy_keras
 
     use_legacy_keras()  # as tuner's workers: tf.compat.v1.layers need Keras 2, chosen before TF is imported
     from tuner.models import load_model
     from tuner.records import RunSpec, RunStatus
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = load_model(MODEL)
     train = train_config(config["train_config"])
@@ -89,7 +89,7 @@ def run_tune(trials: int, steps: int, seeds: int, report_every: int, slots: int,
     from ray import tune
     from ray.tune.search.optuna import OptunaSearch
 
-    from tuner.search import make_sampler
+    from tuner.driver.search import make_sampler
 
     sampler = make_sampler("tpe", seed, len(DefineByRun.space().searched()))  # the same sampler as tuner's
     search = OptunaSearch(space=DefineByRun(), metric="val_loss", mode="min", sampler=sampler)
@@ -125,7 +125,7 @@ def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     from tuner.config import prepare_environment
-    from tuner.executor import _ensure_token
+    from tuner.driver.executor import _ensure_token
 
     prepare_environment()
     _ensure_token()

@@ -1,7 +1,7 @@
 """The dense reference grid of ``search_efficiency.py``: every point of a grid over its space, trained.
 
 The space is ``bench/data/efficiency_space.yaml`` (iterated_mlp's learning rate and max_iter).
-Each grid point is one tuner trial (enqueued in an Optuna study driving ``tuner.search.Search`` on a
+Each grid point is one tuner trial (enqueued in an Optuna study driving ``tuner.driver.search.Search`` on a
 ``RayExecutor``): the config on every seed, stopped at the first divergence, with the mean
 validation loss of the seeds if all survived. The result is written to
 ``bench/data/reference_grid.json`` (with the command, date, machine and versions that made it),
@@ -47,8 +47,8 @@ def run_grid(executor: Any, values: dict[str, list], steps: int, seeds: int, rep
     """Train every grid point as a tuner trial; one row per point."""
     import optuna
 
-    from tuner.search import Budget, Search
-    from tuner.trialrecord import read
+    from tuner.driver.search import Budget, Search
+    from tuner.driver.trialrecord import read
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # enqueued points, not GridSampler: its study.stop() at the end of the grid raises under ask/tell
@@ -83,7 +83,7 @@ def main() -> None:
     from tuner.config import prepare_environment
 
     prepare_environment()
-    from tuner.executor import ClusterConfig, RayExecutor
+    from tuner.driver.executor import ClusterConfig, RayExecutor
 
     executor = RayExecutor(ClusterConfig(num_cpus=2))
     started = time.perf_counter()

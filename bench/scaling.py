@@ -1,6 +1,6 @@
 """Scaling: trials per minute with 2 slots against 1 slot, on a 2-core machine.
 
-Each repeat runs the same launch twice, each in a fresh process (``tuner.launch.launch``,
+Each repeat runs the same launch twice, each in a fresh process (``tuner.driver.launch.launch``,
 iterated_mlp's shipped space, TPE with sampler seed 0, MLflow and Optuna on SQLite): on an
 embedded 2-CPU cluster with ``max_concurrent`` 1, then 2. With the same seed the first 10 trials
 (TPE's random start-up) ask the same configs. Two rates per launch:

@@ -3,8 +3,8 @@
 The target: the first trial whose config survives every seed with a validation loss within 10 %
 of the best point of a dense reference grid (``reference_grid.py``, cached in
 ``bench/data/reference_grid.json``) over the same space (``bench/data/efficiency_space.yaml``)
-and budget. For each sampler (tuner's, ``tuner.search.make_sampler``: TPE and random)
-and each study seed, a study runs through ``tuner.search.Search`` on one ``RayExecutor``, one
+and budget. For each sampler (tuner's, ``tuner.driver.search.make_sampler``: TPE and random)
+and each study seed, a study runs through ``tuner.driver.search.Search`` on one ``RayExecutor``, one
 trial at a time (its seeds in parallel), until it hits the target or reaches ``--max-trials``
 (then it counts as ``max-trials + 1``, shown as ``>N``). Figures: the median trials to the target
 per sampler over the study seeds, and TPE's median / random's (goal: at most 0.5).
@@ -29,8 +29,8 @@ def trials_to_target(executor: Any, sampler: Any, target: float, args: argparse.
     """Trials a study runs until one survives every seed with a validation loss <= target; None if none."""
     import optuna
 
+    from tuner.driver.search import Budget, Search
     from tuner.records import TrialState
-    from tuner.search import Budget, Search
 
     study = optuna.create_study(direction="minimize", sampler=sampler)
     search = Search(study, efficiency_space(), MODEL, executor,
@@ -44,7 +44,7 @@ def trials_to_target(executor: Any, sampler: Any, target: float, args: argparse.
 
 def samplers(seed: int) -> dict[str, Any]:
     """The two samplers compared, seeded."""
-    from tuner.search import make_sampler
+    from tuner.driver.search import make_sampler
 
     searched = len(efficiency_space().searched())
     return {name: make_sampler(name, seed, searched) for name in ("tpe", "random")}
@@ -76,7 +76,7 @@ def main() -> None:
     from tuner.config import prepare_environment
 
     prepare_environment()
-    from tuner.executor import ClusterConfig, RayExecutor
+    from tuner.driver.executor import ClusterConfig, RayExecutor
 
     executor = RayExecutor(ClusterConfig(num_cpus=2))
     try:

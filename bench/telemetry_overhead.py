@@ -2,7 +2,7 @@
 
 - bare: the batch, then one ``session.run`` of the train op fetching (weights finite, loss,
   unclipped gradient norm), then the finiteness check: what every step costs without telemetry.
-- telemetry: ``tuner.train.Stepper.step``, what ``train_run`` runs: the same, plus clip and
+- telemetry: ``tuner.worker.train.Stepper.step``, what ``train_run`` runs: the same, plus clip and
   loss-spike bookkeeping every step and, on report steps (every ``--report-every``), the
   per-weight gradient norms and watched |values| fetched with the train op and a snapshot of
   every variable for forensics.
@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from tuner.models.iterated_mlp import IteratedMLP
 from tuner.records import RunSpec, TrainConfig
-from tuner.train import Stepper, build, non_finite, session_config
+from tuner.worker.train import Stepper, build, non_finite, session_config
 
 
 def main() -> None:

@@ -169,7 +169,7 @@ def mlflow_facts(uri: str) -> MlflowFacts:
 
 
 def mlflow_pages(checks: Checks, page: Any, base: str, facts: MlflowFacts, out: Path) -> None:
-    from tuner.mlflow_ui import runs_link
+    from tuner.driver.mlflow_ui import runs_link
 
     exp = f"{base}/#/experiments/{facts.experiment_id}"
     page.goto(exp)

@@ -38,7 +38,7 @@ def wait_port(port: int, timeout: float = 60) -> None:
 
 
 def _env() -> dict[str, str]:
-    from tuner.executor import _ensure_token
+    from tuner.driver.executor import _ensure_token
 
     _ensure_token()
     return {**os.environ, "RAY_AUTH_MODE": "token"}

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tuner.worker import use_legacy_keras
+from tuner.worker.actor import use_legacy_keras
 
 if TYPE_CHECKING:
-    from tuner.executor import RayExecutor
+    from tuner.driver.executor import RayExecutor
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -34,7 +34,7 @@ STATUSES = {"COMPLETE": ("survived",), "PRUNED": ("diverged", "stopped"), "FAIL"
 
 def expected_status(trial: Any) -> str:
     """The MLflow ``status`` tag an Optuna trial's run must have (checked against its state)."""
-    from tuner.trialrecord import read
+    from tuner.driver.trialrecord import read
 
     record = read(trial)
     status = record.state.value if record is not None else STATUSES[trial.state.name][0]
@@ -48,7 +48,7 @@ def ray_cluster() -> Iterator[None]:
     from tuner.config import prepare_environment
 
     prepare_environment()
-    from tuner.executor import _ensure_token
+    from tuner.driver.executor import _ensure_token
 
     _ensure_token()
     import ray

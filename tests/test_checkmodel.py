@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FIXTURES, ROOT, run_tuner
-from tuner.checkmodel import alternatives, run_check
 from tuner.models import BUILTIN, Knob, load_model
+from tuner.worker.checkmodel import alternatives, run_check
 
 BAD = FIXTURES / "bad_models"
 EXAMPLE = "examples/my_iterated_model.py:MyIteratedModel"

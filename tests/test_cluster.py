@@ -18,7 +18,7 @@ import pytest
 
 from tests.cluster import RayNodes, free_port, kill_group, start_cluster, start_mlflow_server
 from tests.conftest import FINISHED, NO_VERIFY, ROOT, expected_status, run_tuner
-from tuner.trialrecord import read
+from tuner.driver.trialrecord import read
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.evidence import (
+from tuner.driver.evidence import (
     VERIFY_RANGE,
     Margin,
     SeedStream,

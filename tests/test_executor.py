@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import PLANTED, wait_for_workers
-from tuner.executor import ClusterConfig, RayExecutor
+from tuner.driver.executor import ClusterConfig, RayExecutor
 from tuner.records import RunRecord, RunSpec, RunStatus, TrainConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]
@@ -91,7 +91,7 @@ def test_stop_monitor_kills_the_embedded_clusters_monitor() -> None:
     import sys
 
     script = (
-        "from tuner.executor import ClusterConfig, RayExecutor, _stop_monitor\n"
+        "from tuner.driver.executor import ClusterConfig, RayExecutor, _stop_monitor\n"
         "import ray\n"
         "ex = RayExecutor(ClusterConfig(num_cpus=1))\n"
         "node = ray._private.worker._global_node\n"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.conftest import PLANTED
-from tuner.executor import ClusterConfig, RayExecutor
+from tuner.driver.executor import ClusterConfig, RayExecutor
 from tuner.records import RunRecord, RunSpec, RunStatus, TrainConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]

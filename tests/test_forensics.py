@@ -19,7 +19,7 @@ pytestmark = pytest.mark.tf
 
 def diverge(knobs: dict, steps: int = 60, report_every: int = 10, learning_rate: float = 1e-2):
     """Train the planted model until it diverges; return the final record."""
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = Planted()
     knobs = {k: v.default for k, v in model.knobs.items()} | knobs
@@ -75,7 +75,7 @@ def test_forensics_keeps_report_points_and_last_steps_before_divergence() -> Non
 def test_forensics_data_attribution_maps_counting_cnn_nan_labels_to_sample_indices() -> None:
     from tuner.models.counting_cnn import CountingCNN
     from tuner.models.data import Faults
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = CountingCNN(faults=Faults(nan_labels=0.02), train_size=256, val_size=32)
     knobs = {k: v.default for k, v in model.knobs.items()} | {"loss": "mse", "batch_size": 16}
@@ -90,7 +90,7 @@ def test_forensics_data_attribution_maps_counting_cnn_nan_labels_to_sample_indic
 
 
 def test_locate_reads_layer_iteration_and_forward_op_from_scopes() -> None:
-    from tuner.forensics import locate
+    from tuner.worker.forensics import locate
 
     assert locate("gradients/iter_3/recompute_input/Log_grad/Reciprocal") == (
         "recompute_input", 3, "iter_3/recompute_input/Log")
@@ -103,7 +103,7 @@ def test_locate_reads_layer_iteration_and_forward_op_from_scopes() -> None:
 def test_forensics_finds_origin_of_real_iterated_mlp_divergence() -> None:
     """max_iter 4 at a high rate diverges within a few steps; the replay must reproduce it."""
     from tuner.models.iterated_mlp import IteratedMLP
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = IteratedMLP()
     knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 4}
@@ -118,7 +118,7 @@ def test_forensics_finds_origin_of_real_iterated_mlp_divergence() -> None:
 def _noisy(noise: str, seed: int) -> object:
     from noisy import Noisy
 
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = Noisy()
     spec = RunSpec(0, seed, "noisy", TrainConfig(1e-4, knobs={"noise": noise}), 500, 10)
@@ -148,7 +148,7 @@ def test_replay_of_stateful_noise_says_how_to_make_it_exact() -> None:
 def test_unlabelled_autoencoder_trains_and_its_nan_input_is_blamed_on_the_data() -> None:
     from autoencoder import Autoencoder, NanInput
 
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     clean = Autoencoder()
     knobs = {k: v.default for k, v in clean.knobs.items()}
@@ -168,7 +168,7 @@ def test_forensics_blames_a_float64_input_that_overflows_float32_on_the_data() -
 
     from autoencoder import Autoencoder
 
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = Autoencoder()
     knobs = {k: v.default for k, v in model.knobs.items()}

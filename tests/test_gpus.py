@@ -7,8 +7,8 @@ import time
 import pytest
 
 from tests.conftest import PLANTED, wait_for_workers
+from tuner.driver.executor import ClusterConfig, RayExecutor
 from tuner.errors import ClusterError
-from tuner.executor import ClusterConfig, RayExecutor
 from tuner.records import RunRecord, RunSpec, TrainConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]

@@ -70,7 +70,7 @@ def test_stoppable_graph_stops_a_build_and_is_a_plain_graph_without_create_op_in
 def test_graphs_build_every_run_afresh_when_op_attrs_cannot_be_set(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tuner.graph import Graphs
+    from tuner.worker.graph import Graphs
 
     model = Planted()
     config = TrainConfig(1e-2, knobs={k: v.default for k, v in model.knobs.items()})

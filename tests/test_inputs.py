@@ -2,7 +2,7 @@
 
 Whatever the input (wrong types, NaN/inf, huge numbers, unicode, empty, nested junk), it is either
 valid or stops with exit 2 and one line, no traceback, nothing created. The checks run in process
-(``tuner.launch.prepare``: every check that creates nothing) so hundreds of inputs take seconds;
+(``tuner.driver.launch.prepare``: every check that creates nothing) so hundreds of inputs take seconds;
 two subprocess runs check the same through ``python -m tuner``.
 """
 
@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from tests.conftest import run_tuner
 from tuner.cli import LAUNCH_FLAGS, main
 from tuner.config import load_launch
+from tuner.driver.launch import prepare
 from tuner.errors import ConfigError, TunerError
-from tuner.launch import prepare
 from tuner.models import load_model
 from tuner.spaces import TUNER_KNOBS, load_space
 
@@ -139,7 +139,7 @@ def test_launch_flags_exit_2_with_one_line_or_pass(
         prepare(config)
         raise Valid
 
-    monkeypatch.setattr("tuner.launch.launch", checked)
+    monkeypatch.setattr("tuner.driver.launch.launch", checked)
     argv = ["launch", "--no-tracking", *(item for pair in pairs for item in pair)]
     with empty_cwd() as cwd:
         try:

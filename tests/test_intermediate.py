@@ -8,7 +8,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner.intermediate import Reports
+from tuner.driver.intermediate import Reports
 
 VALUES = {10: 1.5, 20: float("nan"), 30: float("inf"), 40: 0.25}
 

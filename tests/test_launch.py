@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, expected_status, run_tuner
-from tuner.trialrecord import read
+from tuner.driver.trialrecord import read
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
 

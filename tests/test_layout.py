@@ -1,11 +1,16 @@
 """The import graph of tuner/, read from the source with ``ast`` (nothing is imported): no cycle,
-and TensorFlow only where a worker (or check-model's own process) runs.
+and the layout's rule, visible in the tree:
 
-The rule (README "Layout", design.md "one driver, many workers"): the driver never imports
-TensorFlow. Only the worker's training modules import it at module level; a few modules import it
-inside a function that only a worker or ``tuner check-model`` calls (a model's ``build``, the
-worker actor's body, the graph hooks). ``bench/driver_footprint.py`` checks the same at run time
-(``tensorflow`` not in the driver's ``sys.modules`` after a launch).
+- ``tuner/driver/``: the launch's own process. It never imports TensorFlow, not even inside a
+  function; of the worker package it names only ``tuner.worker.actor`` (the Ray actor class, which
+  imports TensorFlow inside its methods).
+- ``tuner/worker/``: the processes that train. Only its modules, a model's ``build``
+  (``tuner/models/``) and the graph hooks (``tuner.hooks``, called only in a worker) import TensorFlow.
+- ``tuner/*.py``: what both sides share (records, config, spaces, errors, ...). It imports neither
+  side; only the command line (``tuner.cli``) dispatches to both, inside its functions.
+
+``bench/driver_footprint.py`` checks the same at run time (``tensorflow`` not in the driver's
+``sys.modules`` after a launch).
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "tuner"
 TF = "tensorflow"
 # the modules that import TensorFlow at module level: the worker's graph building, loop and forensics
-TF_MODULES = {"tuner.graph", "tuner.train", "tuner.forensics"}
-# modules that may import TensorFlow (or a module of TF_MODULES) inside a function, each called only
-# in a process that trains: the worker actor, check-model, the graph hooks, a model's build
-TF_IN_FUNCTIONS = {"tuner.worker", "tuner.checkmodel", "tuner.hooks", "tuner.seeding"}
+TF_MODULES = {"tuner.worker.graph", "tuner.worker.train", "tuner.worker.forensics"}
+# outside tuner/worker/, the modules that may import TensorFlow inside a function called only in a
+# process that trains: the graph hooks and a model's build
+TF_IN_FUNCTIONS = {"tuner.hooks"}
+DRIVER, WORKER, MODELS = "tuner.driver", "tuner.worker", "tuner.models"
+ACTOR = "tuner.worker.actor"  # the one worker module the driver names
 
 
 @dataclass(frozen=True)
@@ -142,10 +149,32 @@ def test_layout_only_the_worker_training_modules_import_tensorflow_at_module_lev
 
 def test_layout_driver_modules_never_import_tensorflow_even_inside_a_function() -> None:
     graph = import_graph()
-    may = TF_MODULES | TF_IN_FUNCTIONS | {m for m in graph if m.startswith("tuner.models.")}
+    may = TF_MODULES | TF_IN_FUNCTIONS | {m for m in graph if _under(m, WORKER) or _under(m, MODELS)}
     wrong = [f"{m}:{i.line} imports {i.target}" for m, imps in graph.items() if m not in may
              for i in imps if i.target == TF or i.target in TF_MODULES]
     assert not wrong, f"driver-side modules import TensorFlow or the training modules: {wrong}"
+
+
+def _under(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_layout_the_driver_package_names_only_the_worker_actor_of_the_worker_package() -> None:
+    graph = import_graph()
+    assert any(_under(m, DRIVER) for m in graph) and ACTOR in graph
+    wrong = [f"{m}:{i.line} imports {i.target}" for m, imps in graph.items() if _under(m, DRIVER)
+             for i in imps if _under(i.target, WORKER) and i.target not in (WORKER, ACTOR)]
+    assert not wrong, f"tuner/driver/ imports worker modules other than {ACTOR}: {wrong}"
+
+
+def test_layout_shared_modules_import_neither_the_driver_nor_the_worker_package() -> None:
+    graph = import_graph()
+    shared = [m for m in graph if not any(_under(m, p) for p in (DRIVER, WORKER, MODELS))
+              and m not in ("tuner.cli", "tuner.__main__")]
+    assert "tuner.records" in shared and "tuner.spaces" in shared
+    wrong = [f"{m}:{i.line} imports {i.target}" for m in shared for i in graph[m]
+             if _under(i.target, DRIVER) or _under(i.target, WORKER)]
+    assert not wrong, f"shared modules of tuner/ import the driver or worker package: {wrong}"
 
 
 def test_layout_find_cycle_names_the_cycle_and_chain_to_the_import_path() -> None:

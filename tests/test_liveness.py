@@ -11,10 +11,10 @@ import pytest
 
 from tests.test_search import KNOBS, FakeExecutor
 from tuner.config import LaunchConfig
-from tuner.launch import open_study, repair
-from tuner.liveness import DUPLICATE_OF, RERUN_OF, Liveness, counted
+from tuner.driver.launch import open_study, repair
+from tuner.driver.liveness import DUPLICATE_OF, RERUN_OF, Liveness, counted
+from tuner.driver.search import Budget, Search, make_sampler
 from tuner.records import TrainConfig
-from tuner.search import Budget, Search, make_sampler
 from tuner.spaces import space_from
 
 LR = {"learning_rate": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)}
@@ -25,7 +25,7 @@ RUNNING = optuna.trial.TrialState.RUNNING
 def test_repair_fails_only_the_dead_drivers_trials_and_runs(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
-    from tuner.tracking import Tracker
+    from tuner.driver.tracking import Tracker
 
     url, uri = f"sqlite:///{tmp_path / 't.db'}", f"sqlite:///{tmp_path / 'm.db'}"
     drivers = {name: Liveness(grace=2) for name in ("live", "dead", "new")}
@@ -119,6 +119,6 @@ def test_config_an_earlier_launch_trained_is_failed_untrained_and_not_counted(tm
 
 @pytest.mark.parametrize("held", [1, 3])
 def test_resumed_seed_differs_from_the_first_launch(held: int) -> None:
-    from tuner.launch import resumed_seed
+    from tuner.driver.launch import resumed_seed
 
     assert resumed_seed(0, held) != 0 and resumed_seed(0, held) == resumed_seed(0, held)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import FINISHED, NO_VERIFY, ROOT, run_tuner
-from tuner.checkmodel import Probe, run_check
 from tuner.models import Dataset, Knob, Loss, ModelGraph, load_model
 from tuner.records import DivergedOn, RunSpec, RunStatus, TrainConfig
+from tuner.worker.checkmodel import Probe, run_check
 
 GAN = f"{ROOT / 'examples' / 'gan.py'}:GAN"
 
@@ -71,7 +71,7 @@ def test_each_loss_trains_its_weights_with_its_optimizer_in_the_update_order(upd
     the old ``a`` (simultaneous: 1.8) or with the updated one (alternating: 1.84)."""
     import tensorflow as tf
 
-    from tuner.train import build
+    from tuner.worker.train import build
 
     model = TwoScalars()
     config = TrainConfig(0.1, knobs={**_defaults(model), "update": update})
@@ -90,7 +90,7 @@ def test_each_loss_trains_its_weights_with_its_optimizer_in_the_update_order(upd
 
 @pytest.mark.tf
 def test_a_loss_that_trains_no_variable_is_refused_at_build_and_by_check_model() -> None:
-    from tuner.train import build
+    from tuner.worker.train import build
 
     model = TwoScalars()
     knobs = {**_defaults(model), "second_trains": "nothing"}
@@ -105,7 +105,7 @@ def test_a_loss_that_trains_no_variable_is_refused_at_build_and_by_check_model()
 @pytest.mark.tf
 def test_a_non_finite_gradient_names_its_loss() -> None:
     """sqrt(|b - a|^2) at b == a: the loss is 0, its gradient NaN."""
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = TwoScalars()
     knobs = {**_defaults(model), "second": "abs_by_sqrt", "b_init": 1.0}
@@ -122,7 +122,7 @@ def test_a_non_finite_gradient_names_its_loss() -> None:
 def test_gan_divergence_names_the_loss_and_a_kept_graph_trains_like_a_fresh_one() -> None:
     """The tutorials' ``log(1 - D(G(z)))`` is log(0) once the discriminator saturates (a learning rate
     of 0.1 times 10); each seed's run on a kept graph equals a fresh build's."""
-    from tuner.train import Graphs, train_run
+    from tuner.worker.train import Graphs, train_run
 
     model = load_model(GAN)
     knobs = {**_defaults(model), "loss_form": "log", "d_lr_factor": 10.0}

@@ -15,14 +15,14 @@ from matplotlib.figure import Figure
 from rich.console import Console
 
 from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, PLANTED, run_tuner
-from tuner import studyrecord
+from tuner.driver import studyrecord
+from tuner.driver.evidence import Choice, Margin, Verification
+from tuner.driver.plots import kaplan_meier, other_knob, seed_runs, stability_map, write_plots
+from tuner.driver.report import margin_line, run_report, study_rows
+from tuner.driver.trialrecord import SeedResult, SeedStatus, TrialRecord, varying
+from tuner.driver.views import trials_table
 from tuner.errors import ConfigError
-from tuner.evidence import Choice, Margin, Verification
-from tuner.plots import kaplan_meier, other_knob, seed_runs, stability_map, write_plots
 from tuner.records import TrialState
-from tuner.report import margin_line, run_report, study_rows
-from tuner.trialrecord import SeedResult, SeedStatus, TrialRecord, varying
-from tuner.views import trials_table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -85,7 +85,7 @@ RULE = "lowest validation loss among the configs whose verified 95% lower bound 
 
 def add_trial(study: optuna.Study, number: int, lr: float, status: str = "survived", raced: int = 0,
               learned: bool | None = True) -> None:
-    """A finished trial with the user attrs ``tuner.search`` records (2 search seeds, ``raced`` race seeds)."""
+    """A finished trial with the user attrs ``tuner.driver.search`` records (2 search seeds, ``raced`` race seeds)."""
     phases = ["search"] * 2 + ["race"] * raced
     survived = [40] + [100] * (len(phases) - 1) if status == "diverged" else [100] * len(phases)
     attrs: dict[str, Any] = {

@@ -15,12 +15,12 @@ from dataclasses import replace
 import optuna
 import pytest
 
-from tuner.evidence import SeedStream
+from tuner.driver.evidence import SeedStream
+from tuner.driver.search import RACE_Z, Budget, Search, judge, make_pruner, prune_start
+from tuner.driver.trialrecord import SeedStatus, read
 from tuner.models import Knob
 from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrialState
-from tuner.search import RACE_Z, Budget, Search, judge, make_pruner, prune_start
 from tuner.spaces import space_from
-from tuner.trialrecord import SeedStatus, read
 
 KNOBS = {"width": Knob("int", 8, 1, 64)}
 
@@ -200,7 +200,7 @@ def test_judge_divergence_beats_failure() -> None:
 
 
 def test_make_sampler_tpe_starts_from_two_random_trials_per_searched_knob_between_4_and_10() -> None:
-    from tuner.search import make_sampler
+    from tuner.driver.search import make_sampler
 
     startups = [make_sampler("tpe", 0, n)._n_startup_trials for n in (1, 2, 3, 8)]
     assert startups == [4, 4, 6, 10]

@@ -17,8 +17,8 @@ from tests.conftest import run_tuner
 from tuner import masking
 from tuner.cli import main
 from tuner.config import LaunchConfig
+from tuner.driver.targets import check_database, check_out, check_targets, check_tracking
 from tuner.errors import ConfigError
-from tuner.targets import check_database, check_out, check_targets, check_tracking
 
 SECRET = "S3cret-pw"
 BASE = os.environ.get("TUNER_TEST_POSTGRES")
@@ -137,8 +137,8 @@ def test_masked_stream_masks_a_third_party_logger(capsys: pytest.CaptureFixture[
 
 def test_tracking_connect_masks_mlflow_exception_text() -> None:
     """MLflow's own exception quotes the URL with its password: tuner's message must not."""
+    from tuner.driver.tracking import connect
     from tuner.errors import TrackingError
-    from tuner.tracking import connect
 
     with pytest.raises(TrackingError) as raised:
         connect(f"http://u:{SECRET}@127.0.0.1:1")

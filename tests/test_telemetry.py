@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 from planted import Planted
 
 from tuner.records import RunSpec, RunStatus, TrainConfig
-from tuner.telemetry import SPIKE_WARMUP, Telemetry
+from tuner.worker.telemetry import SPIKE_WARMUP, Telemetry
 
 
 def test_telemetry_spike_is_loss_above_k_times_running_median() -> None:
@@ -52,7 +52,7 @@ def test_telemetry_clip_fraction_and_report_metrics() -> None:
 @pytest.mark.tf
 def test_train_run_reports_per_weight_norms_and_watched_values_of_iterated_mlp() -> None:
     from tuner.models.iterated_mlp import IteratedMLP
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = IteratedMLP()
     knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 3, "epsilon": 1e-3}
@@ -75,9 +75,9 @@ def test_tracker_logs_telemetry_forensics_tags_and_divergence_json(tmp_path: Pat
     """A real diverging run, judged and logged to a real MLflow store (no Ray)."""
     from mlflow.tracking import MlflowClient
 
-    from tuner.search import judge
-    from tuner.tracking import Tracker
-    from tuner.train import train_run
+    from tuner.driver.search import judge
+    from tuner.driver.tracking import Tracker
+    from tuner.worker.train import train_run
 
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
     model = Planted()

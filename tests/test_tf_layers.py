@@ -11,9 +11,9 @@ import pytest
 import yaml
 
 from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, run_tuner
-from tuner.checkmodel import run_check
 from tuner.models import load_model
 from tuner.records import RunSpec, RunStatus, TrainConfig
+from tuner.worker.checkmodel import run_check
 
 EXAMPLE = f"{ROOT / 'examples' / 'counting_blocks.py'}:CountingBlocks"
 SPACE = ROOT / "examples" / "counting_blocks.yaml"
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.tf
 
 
 def _trained(model: object, spec: RunSpec, graphs: object = None) -> list:
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     return list(train_run(model, model.data(spec.config.knobs), spec, graphs=graphs))  # type: ignore[attr-defined,arg-type]
 
@@ -32,7 +32,7 @@ def test_tf_layers_build_with_batch_norm_updates_and_train() -> None:
     """dense, conv2d, batch_normalization (its moving averages updated by tuner's train op), dropout."""
     import tensorflow as tf
 
-    from tuner.train import build
+    from tuner.worker.train import build
 
     model = load_model(EXAMPLE)
     config = TrainConfig(1e-3, knobs={k: v.default for k, v in model.knobs.items()})
@@ -58,7 +58,7 @@ def test_tf_layers_runs_are_a_function_of_the_seed_and_never_reuse_a_stale_init(
     graph as a constant: tuner seeds Python's random from the run's seed while building, so two
     builds with one seed train the same, and a kept graph reseeded (its constants rewritten with
     the new seed's draws) trains exactly as a fresh build with that seed."""
-    from tuner.train import Graphs
+    from tuner.worker.train import Graphs
 
     model = load_model(spec)
     knobs = {k: v.default for k, v in model.knobs.items()}

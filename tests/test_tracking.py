@@ -31,7 +31,7 @@ def test_tracker_retries_after_lost_answers_make_one_run_per_trial(
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from tuner.tracking import Tracker
+    from tuner.driver.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -68,9 +68,9 @@ def test_restart_closes_a_dead_drivers_runs_and_logs_the_trial_it_never_logged(
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from tuner.launch import repair
-    from tuner.liveness import Liveness
-    from tuner.tracking import Tracker
+    from tuner.driver.launch import repair
+    from tuner.driver.liveness import Liveness
+    from tuner.driver.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -112,8 +112,8 @@ def test_tracker_behind_puts_telemetry_in_telemetry_json_and_loses_nothing(
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from tuner import tracking
-    from tuner.tracking import TELEMETRY_FILE, Tracker
+    from tuner.driver import tracking
+    from tuner.driver.tracking import TELEMETRY_FILE, Tracker
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tracking, "_SPILL", -1)  # as if the queue were always long: every record spills

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.tf
 
 
 def run(knobs: dict, steps: int = 60, report_every: int = 10, **config: float) -> list:
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = Planted()
     knobs = {k: v.default for k, v in model.knobs.items()} | knobs
@@ -68,7 +68,7 @@ def test_train_run_clipping_counts_clipped_steps() -> None:
 
 
 def test_train_run_should_stop_cancels_at_next_report() -> None:
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = Planted()
     knobs = {k: v.default for k, v in model.knobs.items()}
@@ -82,7 +82,7 @@ def test_train_run_should_stop_cancels_at_next_report() -> None:
 
 
 def test_train_run_cancelled_during_its_graph_build_trains_no_step() -> None:
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = Planted()
     knobs = {k: v.default for k, v in model.knobs.items()}
@@ -95,7 +95,7 @@ def test_train_run_cancelled_during_its_graph_build_trains_no_step() -> None:
 def test_train_run_cancel_stops_a_build_midway() -> None:
     """A cancel that comes while the graph is being built ends the run before the build does."""
     from tuner.models import load_model
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = load_model("iterated_mlp")
     knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 16}
@@ -114,7 +114,7 @@ def test_train_run_cancel_stops_a_build_midway() -> None:
 def test_build_adds_l2_over_kernels_only() -> None:
     import tensorflow as tf
 
-    from tuner.train import build
+    from tuner.worker.train import build
 
     model = Planted()
     knobs = {k: v.default for k, v in model.knobs.items()} | {"width": 3}
@@ -134,7 +134,7 @@ def test_build_adds_l2_over_kernels_only() -> None:
 
 
 def _trained(model: object, spec: RunSpec, graphs: object = None) -> list:
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     return list(train_run(model, model.data(spec.config.knobs), spec, graphs=graphs))  # type: ignore[attr-defined]
 
@@ -146,7 +146,7 @@ def _trained(model: object, spec: RunSpec, graphs: object = None) -> list:
 def test_reused_graph_trains_exactly_as_a_fresh_build(name: str, knobs: dict, steps: int) -> None:
     """A kept graph, reseeded for another seed and fed other tuner knobs, gives a fresh build's run."""
     from tuner.models import load_model
-    from tuner.train import Graphs
+    from tuner.worker.train import Graphs
 
     model = load_model(name)
     knobs = {k: v.default for k, v in model.knobs.items()} | knobs
@@ -168,7 +168,7 @@ def test_reused_graph_trains_exactly_as_a_fresh_build(name: str, knobs: dict, st
 def test_reused_graph_clips_and_decays_as_a_fresh_build() -> None:
     """Tuner's knobs switched on after a run without them: the same divergence step and losses."""
     from tuner.models import load_model
-    from tuner.train import Graphs
+    from tuner.worker.train import Graphs
 
     model = load_model("iterated_mlp")
     knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 4}
@@ -187,7 +187,7 @@ def test_reused_graph_clips_and_decays_as_a_fresh_build() -> None:
 def test_graphs_keep_the_latest_configs_and_rebuild_a_graph_with_its_own_seeds() -> None:
     import tensorflow as tf
 
-    from tuner.train import Graphs
+    from tuner.worker.train import Graphs
 
     class OpSeed(Planted):
         """Draws a random op with an op seed: ``(graph seed, 3)``, which a reseed follows."""
@@ -227,7 +227,7 @@ def _one_step_weight(config: TrainConfig, steps: int = 1) -> tuple[float, bool]:
     train steps, and whether the last step was clipped."""
     import tensorflow as tf
 
-    from tuner.train import build
+    from tuner.worker.train import build
 
     model = Planted()
     built = build(model, config, 0)
@@ -292,7 +292,7 @@ def test_reused_graph_feeds_the_optimizer_knobs_as_a_fresh_build() -> None:
     """RMSProp with its momentum, decay and epsilon fed: a reused graph trains as a fresh one, and
     the optimizer and clip mode key the graph (another optimizer is built, not reused)."""
     from tuner.models import load_model
-    from tuner.train import Graphs
+    from tuner.worker.train import Graphs
 
     model = load_model("iterated_mlp")
     knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 3}

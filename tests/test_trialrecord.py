@@ -13,10 +13,10 @@ import pytest
 
 from tests.conftest import FIXTURES
 from tests.fixtures.nan_sample import first_nan_step
+from tuner.driver.trialrecord import ATTR, SeedStatus, TrialRecord, best, read, study_records
 from tuner.errors import DataError
 from tuner.models import Dataset, Knob
 from tuner.records import DivergedOn, Forensics, RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
-from tuner.trialrecord import ATTR, SeedStatus, TrialRecord, best, read, study_records
 
 
 def outcome() -> TrialOutcome:
@@ -71,7 +71,7 @@ class OneChoice:
 
 
 def test_a_one_choice_list_is_fixed_so_the_preflight_checks_it() -> None:
-    from tuner.launch import run_preflight
+    from tuner.driver.launch import run_preflight
     from tuner.spaces import space_from
 
     space = space_from({"data": {"choices": ["data_nan"]}}, "one", OneChoice.knobs, "<test>")
@@ -97,8 +97,8 @@ class FixedSeeds:
 def test_same_config_records_the_same_earliest_divergence_whichever_seed_runs_first(ray_cluster: None) -> None:
     """One run at a time: trial 0 trains its late-diverging seed first, trial 1 its early one. Both record
     the early seed's step; trial 1's late seed is cancelled (once past that step), not diverged."""
-    from tuner.executor import ClusterConfig, RayExecutor
-    from tuner.search import Budget, Search
+    from tuner.driver.executor import ClusterConfig, RayExecutor
+    from tuner.driver.search import Budget, Search
     from tuner.spaces import space_from
 
     steps = {s: first_nan_step(s) for s in range(1000, 1100)}
@@ -125,7 +125,7 @@ def test_same_config_records_the_same_earliest_divergence_whichever_seed_runs_fi
 
 def test_launch_warns_before_overwriting_another_studys_best_config(tmp_path: Any, capsys: Any) -> None:
     from tuner.config import LaunchConfig
-    from tuner.launch import warn_overwrite
+    from tuner.driver.launch import warn_overwrite
 
     out = tmp_path / "best_config.yaml"
     out.write_text("config: {learning_rate: 0.01}\nstudy: {name: iterated_mlp}\n")
@@ -140,7 +140,7 @@ def test_progress_line_names_the_op_the_knobs_and_the_clock() -> None:
 
     from rich.console import Console
 
-    from tuner.progress import ProgressView
+    from tuner.driver.progress import ProgressView
 
     buffer = io.StringIO()
     with ProgressView(2, live=False, console=Console(file=buffer, width=80), keys=["learning_rate", "max_iter"],
@@ -161,7 +161,7 @@ def test_progress_line_names_the_op_the_knobs_and_the_clock() -> None:
 def test_a_finished_study_counts_as_done_only_when_verified_as_the_command_asks(tmp_path: Any) -> None:
     from tests.test_report import verified_study
     from tuner.config import LaunchConfig
-    from tuner.launch import finished_study
+    from tuner.driver.launch import finished_study
 
     storage = f"sqlite:///{tmp_path / 't.db'}"
     verified_study(storage)  # 4 trials, trial 0 verified on 16 seeds x 100 steps (bar 0.8), its margin measured

@@ -1,4 +1,7 @@
-"""What a person sees of a study in the MLflow UI and optuna-dashboard (tuner.mlflow_ui, bench/ui_screenshots.py)."""
+"""What a person sees of a study in the MLflow UI and optuna-dashboard.
+
+See tuner.driver.mlflow_ui and bench/ui_screenshots.py.
+"""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def test_tracker_opens_the_training_views_and_names_each_run_by_its_outcome(
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from tuner.tracking import Tracker
+    from tuner.driver.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -78,7 +81,7 @@ def test_tracker_keeps_an_experiment_description_the_user_wrote(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
 
-    from tuner.tracking import Tracker
+    from tuner.driver.tracking import Tracker
 
     monkeypatch.chdir(tmp_path)
     uri = f"sqlite:///{tmp_path / 'm.db'}"

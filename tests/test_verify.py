@@ -13,9 +13,9 @@ import yaml
 
 from tests.conftest import FIXTURES, run_tuner
 from tests.test_search import STREAM, FakeExecutor, make_search
-from tuner import studyrecord
-from tuner.export import best_config, is_success
-from tuner.verify import Plan, Runner, verify_study
+from tuner.driver import studyrecord
+from tuner.driver.export import best_config, is_success
+from tuner.driver.verify import Plan, Runner, verify_study
 
 CONFIGS = FIXTURES / "configs"
 

@@ -11,7 +11,7 @@ from tests.conftest import ROOT
 
 PROBE = """
 import sys
-from tuner.worker import import_tensorflow
+from tuner.worker.actor import import_tensorflow
 
 import_tensorflow()
 print("keras after import:", "keras" in sys.modules, "sklearn" in sys.modules)

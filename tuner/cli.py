@@ -1,7 +1,7 @@
 """Command line: ``python -m tuner launch | report | verify | check-model``.
 
 Thin by design: one parser function per command; parsing is tested on its own; the work is done
-in ``tuner.launch`` / ``tuner.report`` / ``tuner.checkmodel``. A :class:`TunerError` is printed
+in ``tuner.driver.launch`` / ``tuner.driver.report`` / ``tuner.worker.checkmodel``. A :class:`TunerError` is printed
 as one clear message (no traceback) and the exit status is 2 (bad input), or 4 when every trial of
 a launch failed. Passwords are masked in all output (``tuner.masking``). ``launch`` and ``verify`` exit 3
 when the config they end with is not shown stable (it diverged, did not learn, or its verified
@@ -171,15 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "launch":
             return _launch(args)
         if args.command == "report":
-            from tuner.report import run_report
+            from tuner.driver.report import run_report
 
             return run_report(args)
         if args.command == "verify":
-            from tuner.verify import run_verify
+            from tuner.driver.verify import run_verify
 
             return run_verify(args)
         if args.command == "check-model":
-            from tuner.checkmodel import run_check
+            from tuner.worker.checkmodel import run_check
 
             return run_check(args)
     except TunerError as exc:
@@ -199,8 +199,8 @@ def launch_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 def _launch(args: argparse.Namespace) -> int:
     from tuner.config import load_launch
-    from tuner.export import is_success
-    from tuner.launch import launch
+    from tuner.driver.export import is_success
+    from tuner.driver.launch import launch
 
     config = load_launch(launch_flags(args), args.config)
     masking.register(config.storage, config.tracking_uri)

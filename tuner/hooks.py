@@ -9,12 +9,12 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
   is not stopped early: a cancelled run holds its slot until its build ends.
 - :func:`set_int_attr`, :func:`set_tensor_attr` / :func:`can_set_attrs`: TensorFlow's
   ``Operation._set_attr``, to give a kept graph's random ops (and the constants seeding Keras'
-  initializers) another run's seeds (``tuner.seeding``). Without it a worker builds every
-  run's graph afresh (``tuner.graph.Graphs`` keeps none): the same results, paying each build.
+  initializers) another run's seeds (``tuner.worker.seeding``). Without it a worker builds every
+  run's graph afresh (``tuner.worker.graph.Graphs`` keeps none): the same results, paying each build.
 - :func:`is_enqueued`: Optuna's ``Study._storage`` and ``Trial._trial_id``, to read whether a trial
   was enqueued (its ``fixed_params`` system attribute; ``Trial.system_attrs`` is gone from the
   public API). Without it every trial counts as enqueued: a resumed study trains a repeated config
-  again instead of skipping it (``tuner.search``).
+  again instead of skipping it (``tuner.driver.search``).
 - :func:`stop_ray_monitor`: Ray's ``ray._private.worker._global_node`` and its processes, to kill
   the embedded cluster's autoscaler monitor before ``ray.shutdown``. Without it the shutdown
   takes a second longer.

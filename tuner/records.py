@@ -103,7 +103,7 @@ class TrainConfig:
 
     def graph_key(self) -> str:
         """What a built graph depends on besides the model: its knobs, the optimizer and the clip
-        mode (the other tuner knobs are fed at run time, see tuner.train.Hyper)."""
+        mode (the other tuner knobs are fed at run time, see tuner.worker.train.Hyper)."""
         return repr((sorted(self.knobs.items()), self.optimizer, self.clip_mode))
 
 
@@ -150,7 +150,7 @@ class NonFiniteKind(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Forensics:
-    """Where and after what a seed run diverged (see ``tuner.forensics``).
+    """Where and after what a seed run diverged (see ``tuner.worker.forensics``).
 
     Attributes:
         step: the divergence step.

@@ -27,7 +27,7 @@ from tuner.errors import ConfigError
 from tuner.models.base import Knob
 from tuner.records import CLIP_MODES, OPTIMIZERS, TrainConfig
 
-# the knobs tuner applies to every model (see tuner.train)
+# the knobs tuner applies to every model (see tuner.worker.train)
 TUNER_KNOBS: dict[str, Knob] = {
     "learning_rate": Knob("float", 1e-3, 1e-8, 10.0, help="the optimizer's learning rate"),
     "clip_norm": Knob(

@@ -13,12 +13,12 @@ import sys
 import time
 
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-from tuner.worker import import_tensorflow
+from tuner.worker.actor import import_tensorflow
 
 import_tensorflow()
 from tuner.models import load_model  # noqa: E402
 from tuner.records import RunSpec, TrainConfig  # noqa: E402
-from tuner.train import train_run  # noqa: E402
+from tuner.worker.train import train_run  # noqa: E402
 
 model = load_model("iterated_mlp")
 knobs = {k: v.default for k, v in model.knobs.items()} | {

@@ -29,7 +29,7 @@ def one_step(spec_model: str, config: TrainConfig, batch_size: int = 4):
     """Build, init and run one train step on a tiny batch; return (built, fetched values, deltas)."""
     import tensorflow as tf
 
-    from tuner.train import build
+    from tuner.worker.train import build
 
     model = load_model(spec_model)
     data = model.data(config.knobs)
@@ -94,7 +94,7 @@ def test_model_clipping_and_l2_apply(spec: str) -> None:
 
 @pytest.mark.parametrize("spec", sorted(BUILTIN))
 def test_model_trains_a_few_steps_through_the_runner(spec: str) -> None:
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = load_model(spec)
     knobs = defaults(model)

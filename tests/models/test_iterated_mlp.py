@@ -21,7 +21,7 @@ def test_iterated_mlp_target_does_not_depend_on_max_iter() -> None:
 @pytest.mark.slow
 def test_iterated_mlp_seed_setup_diverges_late_on_some_seeds_only() -> None:
     """The seed's setup: Adam 3e-4, no clipping, no L2, ReLU then BatchNorm, max_iter 10, no guards."""
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     model = load_model("iterated_mlp")
     knobs = {k: v.default for k, v in model.knobs.items()}

@@ -20,7 +20,7 @@ A model is any object with three members (see :class:`Model`):
     space's fixed knobs (else the defaults), and the samples it flags are left out by index in
     every trial: so which samples there are, and their order, must not depend on the knobs.
 
-What tuner adds on top of ``build`` (``tuner.train``): the ``optimizer`` knob's
+What tuner adds on top of ``build`` (``tuner.worker.train``): the ``optimizer`` knob's
 ``tf.compat.v1.train`` optimizer (Adam by default) at the trial's learning rate (with an optional
 exponential decay), an L2 term ``l2_weight * sum(l2_loss(w))`` over every trainable variable of
 rank >= 2 (kernels, not biases or BatchNorm scales), gradient clipping (``clip_mode``),
@@ -266,7 +266,7 @@ class Dataset:
         return order[pos * self.batch_size : (pos + 1) * self.batch_size]
 
 
-STEP_SEED = "tuner_step_seed"  # the placeholder step_seed() makes; tuner.train feeds it when it exists
+STEP_SEED = "tuner_step_seed"  # the placeholder step_seed() makes; tuner.worker.train feeds it when it exists
 
 
 def step_seed() -> Any:

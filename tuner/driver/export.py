@@ -1,6 +1,6 @@
 """best_config.yaml: the chosen config and the evidence that it is stable.
 
-The exported trial is the one the end-of-launch verification chose (``tuner.verify``): the best
+The exported trial is the one the end-of-launch verification chose (``tuner.driver.verify``): the best
 validation loss among the raced configs whose survival on fresh seeds has a 95% lower bound at or
 above ``--min-survival``; if none qualifies, the highest lower bound, and the YAML says plainly
 that no config met the bar. Without a verification (``--verify-seeds 0``), it is the COMPLETE
@@ -20,18 +20,18 @@ from typing import Any
 import optuna
 import yaml
 
-from tuner import studyrecord, trialrecord
 from tuner.config import redact
+from tuner.driver import studyrecord, trialrecord
+from tuner.driver.trialrecord import TrialRecord
 from tuner.errors import NoTrialFinished
 from tuner.records import TrialState
 from tuner.spaces import TUNER_KNOBS
-from tuner.trialrecord import TrialRecord
 
 _ORDER = ("learning_rate", "clip_norm", "l2_weight", "max_iter")
 
 
 def best_trial(study: optuna.Study) -> tuple[TrialRecord, str] | None:
-    """The trial to export and the rule that picked it (``tuner.trialrecord.best``); None if the
+    """The trial to export and the rule that picked it (``tuner.driver.trialrecord.best``); None if the
     study has no finished trial."""
     return trialrecord.best(trialrecord.study_records(study), studyrecord.choice(study))
 
@@ -93,7 +93,7 @@ def all_failed_message(study: optuna.Study, top: int = 3) -> str:
 
 def _reason(trial: optuna.trial.FrozenTrial) -> str:
     record = trialrecord.read(trial)
-    reason = record.reason if record is not None else trial.user_attrs.get("reason")  # set by tuner.liveness
+    reason = record.reason if record is not None else trial.user_attrs.get("reason")  # set by tuner.driver.liveness
     if not reason:
         return "interrupted (its launch stopped)" if record is None else "unknown"
     return " ".join(str(reason).split())[:160]

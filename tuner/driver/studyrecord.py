@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tuner.evidence import Choice, Margin, SeedStream, Verification
+from tuner.driver.evidence import Choice, Margin, SeedStream, Verification
 
 SEED_BASE = "tuner.seed_base"
 VERIFIED = "tuner.verified."

@@ -2,9 +2,9 @@
 
 Order matters for "bad input loses nothing": the model and the search space are checked before
 anything is created; the cluster's resources are checked before any trial starts; trials a dead
-driver left RUNNING (no heartbeat for ``--grace-period``: ``tuner.liveness``) are marked FAIL and
+driver left RUNNING (no heartbeat for ``--grace-period``: ``tuner.driver.liveness``) are marked FAIL and
 run again, before new trials are asked and while the search runs; a live driver's are left alone.
-After the search, the best raced configs are verified on fresh seeds (``tuner.verify``), and
+After the search, the best raced configs are verified on fresh seeds (``tuner.driver.verify``), and
 best_config.yaml names the rule that chose the exported one.
 """
 
@@ -21,14 +21,14 @@ from typing import Any
 
 from rich.console import Console
 
-from tuner.capacity import Watched
 from tuner.config import LaunchConfig, prepare_environment, redact
+from tuner.driver.capacity import Watched
+from tuner.driver.liveness import Liveness, counted
+from tuner.driver.targets import check_targets
 from tuner.errors import ConfigError, Interrupted
-from tuner.liveness import Liveness, counted
 from tuner.masking import mask
 from tuner.models import Model, load_model, runtime_env
 from tuner.spaces import SearchSpace, default_space, load_space
-from tuner.targets import check_targets
 
 log = logging.getLogger(__name__)
 console = Console()
@@ -38,12 +38,12 @@ METRIC = "val_loss"  # the objective's name in Optuna: a COMPLETE trial's valida
 def launch(config: LaunchConfig) -> dict[str, Any]:
     """Run one launch end to end; return the best-config document that was written."""
 
-    from tuner import studyrecord
-    from tuner.executor import RayExecutor
-    from tuner.export import best_config, write_best
-    from tuner.progress import ProgressView, summary_table
-    from tuner.search import Budget, Search, prune_start
-    from tuner.verify import Runner, verify_study
+    from tuner.driver import studyrecord
+    from tuner.driver.executor import RayExecutor
+    from tuner.driver.export import best_config, write_best
+    from tuner.driver.progress import ProgressView, summary_table
+    from tuner.driver.search import Budget, Search, prune_start
+    from tuner.driver.verify import Runner, verify_study
 
     prepare_environment()
     quiet_third_party()
@@ -155,7 +155,7 @@ def prepare(config: LaunchConfig) -> tuple[Model, SearchSpace]:
     Raises:
         TunerError: one line naming the flag, file or key that is wrong.
     """
-    from tuner.search import make_sampler
+    from tuner.driver.search import make_sampler
 
     check_targets(config)  # storage, tracking URI, --out, --space
     model = load_model(config.model)
@@ -166,8 +166,8 @@ def prepare(config: LaunchConfig) -> tuple[Model, SearchSpace]:
 
 
 def verification_plan(config: LaunchConfig) -> Any:
-    """How the end of the launch verifies (tuner.verify.Plan) from the launch flags."""
-    from tuner.verify import Plan
+    """How the end of the launch verifies (tuner.driver.verify.Plan) from the launch flags."""
+    from tuner.driver.verify import Plan
 
     return Plan(seeds=config.verify_seeds, steps=config.verification_steps, min_survival=config.min_survival,
                 candidates=config.verify_candidates, margin=config.margin, margin_steps=config.steps)
@@ -202,9 +202,9 @@ def _skip_tags(skip: Any, text: str) -> dict[str, str]:
 
 
 def write_study_plots(study: Any, out: str) -> list[str]:
-    """The stability map and survival curves beside best_config.yaml (tuner.plots); [] if they fail."""
-    from tuner.plots import write_plots
-    from tuner.trialrecord import log_knobs, study_records
+    """The stability map and survival curves beside best_config.yaml (tuner.driver.plots); [] if they fail."""
+    from tuner.driver.plots import write_plots
+    from tuner.driver.trialrecord import log_knobs, study_records
 
     try:
         paths = write_plots(study_records(study), Path(out).resolve().parent, prefix=f"{study.study_name}_",
@@ -226,7 +226,7 @@ def resolve_space(config: LaunchConfig, model: Model) -> SearchSpace:
 
 def cluster_config(config: LaunchConfig) -> Any:
     """The executor's settings; a model file travels to the workers in the runtime env."""
-    from tuner.executor import ClusterConfig
+    from tuner.driver.executor import ClusterConfig
 
     return ClusterConfig(
         address=config.address, cpus_per_trial=config.cpus_per_trial,
@@ -237,20 +237,20 @@ def cluster_config(config: LaunchConfig) -> Any:
 
 
 def connect_tracking(config: LaunchConfig) -> Any:
-    """An MLflow client whose store answered (tuner.tracking.connect); None with --no-tracking."""
+    """An MLflow client whose store answered (tuner.driver.tracking.connect); None with --no-tracking."""
     if config.no_tracking or config.tracking_uri is None:
         return None
-    from tuner.tracking import connect
+    from tuner.driver.tracking import connect
 
     return connect(config.tracking_uri)
 
 
 def make_tracker(config: LaunchConfig, client: Any, driver: str | None = None) -> Any:
     """The MLflow tracker on ``client`` (from :func:`connect_tracking`; None: no tracking); its runs
-    are tagged with the ``driver`` id (tuner.liveness)."""
+    are tagged with the ``driver`` id (tuner.driver.liveness)."""
     if client is None or config.tracking_uri is None:
         return None
-    from tuner.tracking import Tracker
+    from tuner.driver.tracking import Tracker
 
     params = {k: v for k, v in config.model_dump().items() if k not in ("storage", "tracking_uri")}
     params["storage"] = redact(config.storage)
@@ -266,7 +266,7 @@ def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | No
     """
     import optuna
 
-    from tuner.search import make_pruner, make_sampler
+    from tuner.driver.search import make_pruner, make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     searched = len(space.searched())
@@ -310,7 +310,7 @@ def repair(study: Any, tracker: Any, liveness: Liveness) -> int:
     and close the MLflow runs of dead drivers; a live driver's trials and runs are left alone.
 
     Returns:
-        How many trials count as finished (tuner.liveness.counted).
+        How many trials count as finished (tuner.driver.liveness.counted).
     """
     liveness.attach(study)
     liveness.reap()
@@ -325,8 +325,8 @@ def _say(text: str) -> None:
 
 
 def _study_summary(study: Any) -> dict[str, float]:
+    from tuner.driver.trialrecord import study_records
     from tuner.records import TrialState
-    from tuner.trialrecord import study_records
 
     finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
     pruned = sum(r.state is TrialState.PRUNED for r in study_records(study))
@@ -338,8 +338,8 @@ def _study_summary(study: Any) -> dict[str, float]:
 
 
 def _print_best(doc: dict[str, Any], out: str) -> None:
-    from tuner.evidence import Verification
-    from tuner.views import best_yaml
+    from tuner.driver.evidence import Verification
+    from tuner.driver.views import best_yaml
 
     stability = doc["stability"]
     verified = stability.get("verified")
@@ -381,8 +381,8 @@ def finished_study(config: LaunchConfig) -> Any:
     only: nothing is created."""
     import optuna
 
-    from tuner import studyrecord
-    from tuner.verify import candidates
+    from tuner.driver import studyrecord
+    from tuner.driver.verify import candidates
 
     if config.storage.startswith("sqlite:///") and not Path(config.storage.removeprefix("sqlite:///")).is_file():
         return None
@@ -408,7 +408,7 @@ def finished_study(config: LaunchConfig) -> Any:
 
 def show_finished(study: Any, config: LaunchConfig) -> dict[str, Any]:
     """Say that the study already has its trials, show and write its best config, say how to run more."""
-    from tuner.export import best_config, write_best
+    from tuner.driver.export import best_config, write_best
 
     held = counted(study.get_trials(deepcopy=False))
     console.print(f"study {study.study_name!r} on {redact(config.storage)} already has {held} finished trial(s) "

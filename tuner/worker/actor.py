@@ -1,6 +1,6 @@
 """The body of a worker actor: TensorFlow imported once, many seed runs, records streamed back.
 
-``tuner.executor`` turns :class:`TrialWorker` into a Ray actor, one per slot. Its ``run`` method is
+``tuner.driver.executor`` turns :class:`TrialWorker` into a Ray actor, one per slot. Its ``run`` method is
 a Ray streaming generator: the driver sees each record as soon as it is yielded, and
 ``ray.cancel`` on the generator sets the flag that ``run`` checks at every report.
 """
@@ -20,7 +20,7 @@ from tuner.records import RunRecord, RunSpec, RunStatus
 # what ``import tensorflow`` imports eagerly: Keras 3's optimizers, or Keras 2's with TF_USE_LEGACY_KERAS
 KERAS_EAGER_IMPORTS = ("keras.src.optimizers", "tf_keras.src.optimizers")
 LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # TensorFlow reads it once, when it is imported
-GRAPHS_KEPT = 4  # model configs whose built graphs a worker keeps (tuner.train.Graphs)
+GRAPHS_KEPT = 4  # model configs whose built graphs a worker keeps (tuner.worker.train.Graphs)
 
 
 def use_legacy_keras() -> None:
@@ -49,7 +49,7 @@ def import_tensorflow() -> None:
     for name in blocked:
         sys.modules[name] = None  # type: ignore[assignment]  # makes its import fail at once
     try:
-        import tuner.train  # noqa: F401  (the TensorFlow import, paid once per actor)
+        import tuner.worker.train  # noqa: F401  (the TensorFlow import, paid once per actor)
     finally:
         for name in blocked:
             if name in sys.modules and sys.modules[name] is None:
@@ -61,7 +61,7 @@ class TrialWorker:
 
     def __init__(self, graph_reuse: bool = True) -> None:
         import_tensorflow()
-        from tuner.train import Graphs
+        from tuner.worker.train import Graphs
 
         self._models: dict[str, Any] = {}
         self._graphs = Graphs(GRAPHS_KEPT if graph_reuse else 0)  # recent model configs' graphs, reseeded per run
@@ -75,7 +75,7 @@ class TrialWorker:
         """Train ``spec``; yield its progress records and its final record."""
         import ray
 
-        from tuner.train import train_run
+        from tuner.worker.train import train_run
 
         context = ray.get_runtime_context()
         try:

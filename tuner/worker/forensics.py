@@ -33,10 +33,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tuner.graph import UPDATED_SCOPE, Built, Snapshot, build, session_config
 from tuner.models.base import Dataset, Model, has_label
 from tuner.preflight import as_fed, overflow
 from tuner.records import Forensics, NonFiniteKind, RunSpec
+from tuner.worker.graph import UPDATED_SCOPE, Built, Snapshot, build, session_config
 
 tf1 = tf.compat.v1
 

@@ -4,7 +4,7 @@ Used at the end of a launch (:func:`verify_study`: the best raced configs, in or
 loss, until one meets the bar; then the winner's learning-rate margin) and by ``tuner verify``
 (:func:`run_verify`: any config in best_config.yaml's shape). Runs go through the same executor
 and streaming as the search. The survival figure is ``k`` of ``n`` with a 95% Wilson lower bound
-(``tuner.evidence``); a config passes when that bound reaches ``--min-survival``.
+(``tuner.driver.evidence``); a config passes when that bound reaches ``--min-survival``.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tuner.evidence import MARGIN_FACTORS, Choice, Margin, SeedStream, Verification, bar_reachable, choose
+from tuner.driver.evidence import MARGIN_FACTORS, Choice, Margin, SeedStream, Verification, bar_reachable, choose
+from tuner.driver.search import Callback, Compute, Executor, judge
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome
-from tuner.search import Callback, Compute, Executor, judge
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,8 @@ def candidates(study: Any, race_seeds: int) -> list[tuple[int, float, TrainConfi
     COMPLETE trial that learned."""
     import optuna
 
+    from tuner.driver.trialrecord import read
     from tuner.spaces import config_from_flat
-    from tuner.trialrecord import read
 
     done = [(t, r) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
             if t.value is not None and (r := read(t)) is not None and r.learned is not False]
@@ -156,11 +156,11 @@ def candidates(study: Any, race_seeds: int) -> list[tuple[int, float, TrainConfi
 def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, race_seeds: int,
                  say: Callable[[str], None] = print) -> Choice | None:
     """Verify the best candidates until one meets the bar (at most ``plan.candidates``), choose the
-    winner by the selection rule (``tuner.evidence.choose``), and measure its margin.
+    winner by the selection rule (``tuner.driver.evidence.choose``), and measure its margin.
 
     A candidate already verified on the same seeds and steps (a continued study) is not rerun.
     """
-    from tuner import studyrecord
+    from tuner.driver import studyrecord
 
     seeds = stream.verify(plan.seeds)
     known = studyrecord.verifications(study)
@@ -196,10 +196,10 @@ def run_verify(args: Any) -> int:
     from rich.console import Console
 
     from tuner.config import prepare_environment
-    from tuner.evidence import fresh_seeds
-    from tuner.executor import ClusterConfig, RayExecutor
+    from tuner.driver.evidence import fresh_seeds
+    from tuner.driver.executor import ClusterConfig, RayExecutor
+    from tuner.driver.progress import ProgressView
     from tuner.models import load_model, runtime_env
-    from tuner.progress import ProgressView
 
     console = Console(highlight=False)
     doc = read_config_file(args.config)
@@ -243,8 +243,8 @@ def _verdict(console: Any, result: Verification, bar: float) -> int:
 
 
 def _check_bar(min_survival: float, seeds: int) -> None:
+    from tuner.driver.evidence import wilson_lower
     from tuner.errors import ConfigError
-    from tuner.evidence import wilson_lower
 
     if not 0.0 <= min_survival <= 1.0:
         raise ConfigError(f"--min-survival {min_survival:g}: expected a rate between 0 and 1")

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from tuner.driver.trialrecord import SeedStatus, TrialRecord, diverged_share, varying
 from tuner.records import TrialState
-from tuner.trialrecord import SeedStatus, TrialRecord, diverged_share, varying
 
 STABILITY_MAP = "stability_map.png"
 SURVIVAL = "survival.png"
@@ -42,7 +42,7 @@ def write_plots(rows: Sequence[TrialRecord], out_dir: str | Path, prefix: str = 
                 log_knobs: Collection[str] = ()) -> list[Path]:
     """Write the stability map and the survival curves into ``out_dir``; return their paths.
 
-    ``log_knobs`` are the knobs searched on a log scale (``tuner.trialrecord.log_knobs``): drawn on
+    ``log_knobs`` are the knobs searched on a log scale (``tuner.driver.trialrecord.log_knobs``): drawn on
     log axes; the learning rate always is.
     """
     from matplotlib.figure import Figure

@@ -1,17 +1,17 @@
 """One typed, versioned record per trial: what every view reads about a trial.
 
-The search (``tuner.search``) alone writes it, once, when it tells the trial: one Optuna user attr,
+The search (``tuner.driver.search``) alone writes it, once, when it tells the trial: one Optuna user attr,
 ``tuner.trial``, holding :meth:`TrialRecord.to_dict` (JSON). Export, report, plots, progress and the
 benchmarks read it through :func:`read` / :func:`study_records`, which also join what the study
 keeps about the trial's config after it was told (its verification on fresh seeds, its margin and
-whether the selection rule chose it, ``tuner.studyrecord``). Studies written before the record
+whether the selection rule chose it, ``tuner.driver.studyrecord``). Studies written before the record
 existed (separate attrs ``status``, ``steps_survived``, ...) are read too (``version`` 0), their
 per-seed statuses inferred as well as those attrs allow.
 
 Per seed the record says how the run ended: survived, diverged at step s on what (and the op the
 forensics named), cancelled at step t (a sibling diverged or the pruner stopped the trial) or
 failed with a reason. The trial's earliest divergence is the lowest divergence step of its seeds;
-the search lets every sibling pass that step before it cancels it (``tuner.search``), so the
+the search lets every sibling pass that step before it cancels it (``tuner.driver.search``), so the
 earliest divergence does not depend on which worker ran faster.
 """
 
@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tuner.driver.evidence import Choice, Margin, Verification
 from tuner.errors import ConfigError
-from tuner.evidence import Choice, Margin, Verification
 from tuner.records import RunRecord, RunStatus, TrialOutcome, TrialState
 
 ATTR = "tuner.trial"  # the Optuna trial user attr that holds the record
@@ -250,7 +250,7 @@ def read(trial: Any) -> TrialRecord | None:
 
 def study_records(study: Any) -> list[TrialRecord]:
     """Every recorded trial of ``study`` in trial order, with its verification, margin and choice."""
-    from tuner import studyrecord
+    from tuner.driver import studyrecord
 
     verified, margins, chosen = studyrecord.verifications(study), studyrecord.margins(study), studyrecord.choice(study)
     out = []

@@ -40,7 +40,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from tuner import mlflow_ui
+from tuner.driver import mlflow_ui
 from tuner.errors import TrackingError
 from tuner.records import Forensics, NonFiniteKind, Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
 
@@ -53,14 +53,14 @@ _CALLS_PER_S = 10  # metric calls a second the sender aims at, however many runs
 _SPILL = 10_000  # metric points waiting to be sent above which telemetry goes to telemetry.json
 TELEMETRY_FILE = "telemetry.json"
 DIVERGENCE_FILE = "divergence.json"
-DRIVER_TAG = "tuner.driver"  # the id of the launch that created a run (tuner.liveness)
+DRIVER_TAG = "tuner.driver"  # the id of the launch that created a run (tuner.driver.liveness)
 
 
 def connect(uri: str) -> Any:
     """An MLflow client of ``uri`` whose store answered: the slow part of a launch's tracking.
 
     Importing MLflow and opening its store (schema checks of a database) take 3-4 s of CPU on
-    this project's machine; ``tuner.launch`` does it while Ray starts.
+    this project's machine; ``tuner.driver.launch`` does it while Ray starts.
 
     Raises:
         TrackingError: the store does not answer.
@@ -94,14 +94,14 @@ def _unreachable(uri: str, exc: BaseException) -> TrackingError:
 
 
 class Tracker:
-    """Logs a launch to MLflow (see the module docs); a Callback of ``tuner.search``."""
+    """Logs a launch to MLflow (see the module docs); a Callback of ``tuner.driver.search``."""
 
     def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, Any], client: Any = None,
                  driver: str | None = None) -> None:
         """Create the parent run; ``client`` is one :func:`connect` made beforehand (else made here).
 
         Every run it creates is tagged ``tuner.driver`` with ``driver`` (its launch's id, see
-        tuner.liveness), so that another launch on the study closes it only once that driver is dead.
+        tuner.driver.liveness), so that another launch on the study closes it only once that driver is dead.
         """
         from mlflow.entities import Metric, Param, RunTag
 
@@ -141,7 +141,7 @@ class Tracker:
 
     def _mark_experiment(self, found: Any, study: str) -> None:
         """Tag the experiment to open in the MLflow UI's training views with tuner's columns
-        (tuner.mlflow_ui); a description the user wrote is kept."""
+        (tuner.driver.mlflow_ui); a description the user wrote is kept."""
         tags = mlflow_ui.experiment_tags(self.experiment_id, study)
         note = found.tags.get(mlflow_ui.NOTE_TAG) if found is not None else None
         if note and not note.startswith(mlflow_ui.NOTE_MARK):
@@ -233,7 +233,7 @@ class Tracker:
         tags = {**outcome_tags(outcome), **mlflow_ui.run_labels(f"trial-{number}", outcome)}
         metrics = outcome_metrics(outcome)
         now = int(time.time() * 1000)
-        status = _RUN_STATUS[outcome.state]  # a diverged run ends FINISHED: see tuner.mlflow_ui
+        status = _RUN_STATUS[outcome.state]  # a diverged run ends FINISHED: see tuner.driver.mlflow_ui
         points = [self._Metric(k, v, now, step) for k, v, step in mlflow_ui.divergence_points(outcome)]
 
         def summary() -> None:
@@ -335,7 +335,7 @@ class Tracker:
     def _close_orphans(self, study: Any, live: set[str]) -> int:
         import optuna
 
-        from tuner.trialrecord import read
+        from tuner.driver.trialrecord import read
 
         trials = {t.number: t for t in study.get_trials(deepcopy=False)}
         states = {n: t.state for n, t in trials.items()}

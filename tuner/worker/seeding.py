@@ -3,7 +3,7 @@
 A fresh build with graph seed ``g`` gives every random op the attributes ``(g, k)``, ``k`` not
 depending on ``g`` (:func:`random_ops`); :func:`reseed_ops` sets them as a build with another
 seed would, so a reused graph starts a run exactly as a fresh build of that seed
-(``tuner.graph.Graphs``).
+(``tuner.worker.graph.Graphs``).
 
 Keras 2's initializers without a seed (``tf.compat.v1.layers``) are stateless random ops seeded by
 a constant ``[s, 0]``, ``s`` drawn with ``random.randint(1, 10**9)`` while the model is built

@@ -9,11 +9,11 @@ A trial is one config on K seeds, run in parallel. How a trial ends (see README,
   intermediate value (TPE ranks pruned trials by it) and the trial is PRUNED;
 - a seed failed (model error, or its worker died more than ``max_retries`` times): FAIL.
 
-A trial's seeds come from the study's seed stream (``tuner.evidence.SeedStream``), not 0..K-1
+A trial's seeds come from the study's seed stream (``tuner.driver.evidence.SeedStream``), not 0..K-1
 for every trial. A COMPLETE trial that could become the best races on more seeds before it is
 told (see :class:`Search`). A COMPLETE trial whose validation loss is not below its loss at
 initialisation did not learn (``TrialRecord.learned``): it is never raced nor exported. What the
-search learned about a trial is written once, as its :class:`~tuner.trialrecord.TrialRecord`.
+search learned about a trial is written once, as its :class:`~tuner.driver.trialrecord.TrialRecord`.
 
 Only this driver talks to the Optuna storage; callbacks (MLflow tracking, the terminal view) hear
 ``on_trial_start``, ``on_trial_result`` and ``on_trial_complete``, and ``on_phase_start`` /
@@ -31,13 +31,13 @@ from typing import Any, Protocol
 
 import optuna
 
-from tuner.evidence import SeedStream
+from tuner.driver.evidence import SeedStream
+from tuner.driver.intermediate import Reports
+from tuner.driver.liveness import DUPLICATE_OF, Liveness
+from tuner.driver.trialrecord import ATTR, TrialRecord, read
 from tuner.hooks import is_enqueued
-from tuner.intermediate import Reports
-from tuner.liveness import DUPLICATE_OF, Liveness
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
-from tuner.trialrecord import ATTR, TrialRecord, read
 
 log = logging.getLogger(__name__)
 RACE_Z = 1.0  # a challenger races past a trial on more seeds only when better by this many standard errors
@@ -51,7 +51,7 @@ _OPTUNA_STATE = {
 
 
 class Executor(Protocol):
-    """Runs seed runs somewhere and streams their records back (see tuner.executor)."""
+    """Runs seed runs somewhere and streams their records back (see tuner.driver.executor)."""
 
     def free(self) -> int:
         """Slots a newly submitted run would not wait for."""
@@ -174,7 +174,7 @@ class Search:
         self.stream = stream or SeedStream(0)
         self._run_id = run_id  # trial number -> MLflow run id (or None)
         self._active: dict[int, _Trial] = {}
-        self._reports = Reports()  # intermediate values, written in batches (tuner.intermediate)
+        self._reports = Reports()  # intermediate values, written in batches (tuner.driver.intermediate)
         self.outcomes: list[TrialOutcome] = []
         self.compute = Compute()
         # trial number -> (seeds survived, validation loss) of every trial that survived and learned
@@ -248,7 +248,7 @@ class Search:
     def _skip_duplicate(self, trial: optuna.trial.Trial, twin: int) -> None:
         """Tell a trial that repeats trial ``twin``'s config FAIL without training it; reseed the sampler.
 
-        A continued launch reseeds its sampler (tuner.launch.open_study), so this happens only in a
+        A continued launch reseeds its sampler (tuner.driver.launch.open_study), so this happens only in a
         small discrete space; after ``_MAX_DUPLICATES`` the space counts as exhausted.
         """
         trial.set_user_attr(DUPLICATE_OF, twin)

@@ -1,18 +1,18 @@
 """The training loop of one seed run: TF1 graph mode, one graph per model config, reused across runs.
 
 Only workers import this module (it imports TensorFlow). Every step runs the train op of a graph
-that ``tuner.graph`` built and fetches the loss, the unclipped global gradient norm and a
+that ``tuner.worker.graph`` built and fetches the loss, the unclipped global gradient norm and a
 finiteness flag of the updated weights in the same ``session.run``, so the first non-finite value
 is caught at its exact step at no extra cost. A report step (every ``report_every``) fetches more
 in that same run: the gradient norm of each weight, the largest |value| of each watched tensor and
 a snapshot of every variable after the update, so a divergence can be replayed from there
-(``tuner.forensics``, given the graph, the session and the snapshot). Everything else the
-telemetry reports is Python on the numbers already fetched (``tuner.telemetry``). A model with
+(``tuner.worker.forensics``, given the graph, the session and the snapshot). Everything else the
+telemetry reports is Python on the numbers already fetched (``tuner.worker.telemetry``). A model with
 several losses updated alternately runs one ``session.run`` per loss, in order, and the first
 non-finite value names its loss (:class:`Cause`).
 
-The graph-building names (:func:`~tuner.graph.build`, :class:`~tuner.graph.Graphs`, ...) live in
-``tuner.graph`` and are importable from here too.
+The graph-building names (:func:`~tuner.worker.graph.build`, :class:`~tuner.worker.graph.Graphs`, ...) live in
+``tuner.worker.graph`` and are importable from here too.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from tuner.forensics import investigate
-from tuner.graph import (
+from tuner.models.base import Dataset, Model
+from tuner.records import DivergedOn, Forensics, RunRecord, RunSpec, RunStatus, cause_text
+from tuner.worker.forensics import investigate
+from tuner.worker.graph import (
     DECAY_STEPS,
     OPTIMIZER_DEFAULTS,
     UPDATED_SCOPE,
@@ -44,9 +46,7 @@ from tuner.graph import (
     reseed,
     session_config,
 )
-from tuner.models.base import Dataset, Model
-from tuner.records import DivergedOn, Forensics, RunRecord, RunSpec, RunStatus, cause_text
-from tuner.telemetry import Telemetry
+from tuner.worker.telemetry import Telemetry
 
 __all__ = [  # the training loop, and the graph-building names tests, benches and workers import from here
     "DECAY_STEPS", "OPTIMIZER_DEFAULTS", "UPDATED_SCOPE", "BuildStopped", "Built", "Cause", "Graphs", "Hyper",

@@ -1,8 +1,8 @@
 """``tuner report``: a study's trials and stability plots, from its stores alone (no training).
 
-The Optuna storage holds every trial's :class:`~tuner.trialrecord.TrialRecord` (config, status,
+The Optuna storage holds every trial's :class:`~tuner.driver.trialrecord.TrialRecord` (config, status,
 how each seed ended, the earliest divergence and the op the forensics named, validation loss,
-race seeds, whether it learned); the study's own attrs (``tuner.studyrecord``) add the
+race seeds, whether it learned); the study's own attrs (``tuner.driver.studyrecord``) add the
 verifications on fresh seeds, the chosen trial with its selection rule, and its learning-rate
 margin. The MLflow store (the same default as launch: ``$MLFLOW_TRACKING_URI``, else
 ``sqlite:///mlflow.db``, when that file exists) names the cause of divergences an older study's
@@ -19,13 +19,13 @@ from typing import Any
 
 from rich.console import Console
 
-from tuner import studyrecord, trialrecord
 from tuner.config import redact
+from tuner.driver import studyrecord, trialrecord
+from tuner.driver.evidence import MARGIN_FACTORS, Margin
+from tuner.driver.plots import write_plots
+from tuner.driver.trialrecord import TrialRecord, diverged_line, varying
+from tuner.driver.views import trials_table
 from tuner.errors import ConfigError, TrackingError
-from tuner.evidence import MARGIN_FACTORS, Margin
-from tuner.plots import write_plots
-from tuner.trialrecord import TrialRecord, diverged_line, varying
-from tuner.views import trials_table
 
 DEFAULT_TRACKING = "sqlite:///mlflow.db"
 

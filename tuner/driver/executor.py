@@ -28,7 +28,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError, W
 from tuner.errors import ClusterError  # noqa: E402
 from tuner.hooks import stop_ray_monitor as _stop_monitor  # noqa: E402  (a private-API hook)
 from tuner.records import RunRecord, RunSpec, RunStatus  # noqa: E402
-from tuner.worker import GRAPHS_KEPT, TrialWorker  # noqa: E402
+from tuner.worker.actor import GRAPHS_KEPT, TrialWorker  # noqa: E402
 
 log = logging.getLogger(__name__)
 _DEATH = (RayActorError, WorkerCrashedError)
@@ -48,7 +48,7 @@ class ClusterConfig:
         num_gpus: GPUs of an embedded cluster (None: the machine's).
         runtime_env: Ray runtime env of the job (to ship a user's model code).
         graph_reuse: workers keep the graphs of their last model configs and reseed them for a
-            run of the same config (tuner.train.Graphs); False builds a fresh graph for every run.
+            run of the same config (tuner.worker.train.Graphs); False builds a fresh graph for every run.
     """
 
     address: str | None = None

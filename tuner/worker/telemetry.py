@@ -67,7 +67,7 @@ class Telemetry:
         return self.clipped / len(self.gnorms) if self.gnorms else 0.0
 
     def report(self, step: int, fetched: Mapping[str, float]) -> dict[str, float]:
-        """The metrics of a report step; ``fetched`` holds the report-only values (see tuner.train)."""
+        """The metrics of a report step; ``fetched`` holds the report-only values (see tuner.worker.train)."""
         since = self.losses[self._reported:] or self.losses[-1:]
         self._reported = len(self.losses)
         metrics = {

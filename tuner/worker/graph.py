@@ -1,11 +1,11 @@
 """Graph building: a model's graph with tuner's optimizer, L2 term, clipping and checks added.
 
 Only workers import this module (it imports TensorFlow). :func:`build` adds, to the graph a model
-builds, what every step of ``tuner.train`` fetches in the same ``session.run`` as the train op:
+builds, what every step of ``tuner.worker.train`` fetches in the same ``session.run`` as the train op:
 the loss, the unclipped global gradient norm and a finiteness flag of the updated weights, and on
 report steps the gradient norm of each weight, the largest |value| of each watched tensor and a
 snapshot of every variable after the update (:class:`StateReader`, :class:`Snapshot`), so a
-divergence can be replayed from there (``tuner.forensics``).
+divergence can be replayed from there (``tuner.worker.forensics``).
 
 A model with several named losses (``ModelGraph.losses``) gets an optimizer, an L2 term and
 clipping per loss, each under a name scope of the loss's name; a step is one ``session.run``
@@ -17,7 +17,7 @@ Graph reuse: tuner's own knobs (learning rate, decay, clip norm, L2 weight) are 
 (:class:`Hyper`), so the graph depends only on the model's knobs. A worker keeps the graphs of the
 last few model configs (:class:`Graphs`) and, for a run on another seed, sets the seed attribute
 of every random op (and the constant seeding each Keras initializer) to what a fresh build with
-that seed would give (:func:`reseed`, ``tuner.seeding``) and opens a new session: the variables
+that seed would give (:func:`reseed`, ``tuner.worker.seeding``) and opens a new session: the variables
 start from the same values as after a fresh build, so results do not change, and the build
 (about half of a 600-step run at ``max_iter`` 10) is paid once per config and worker.
 """
@@ -37,7 +37,7 @@ import tensorflow as tf
 from tuner.hooks import BuildStopped, stop_checks, stoppable_graph
 from tuner.models.base import STEP_SEED, Loss, Model, ModelGraph
 from tuner.records import TrainConfig
-from tuner.seeding import MAXINT32, python_seeded, random_ops, reseed_consts, reseed_ops
+from tuner.worker.seeding import MAXINT32, python_seeded, random_ops, reseed_consts, reseed_ops
 
 __all__ = [
     "DECAY_STEPS", "OPTIMIZER_DEFAULTS", "UPDATED_SCOPE", "BuildStopped", "Built", "Graphs", "Hyper", "Snapshot",
@@ -48,7 +48,7 @@ tf1 = tf.compat.v1
 
 DECAY_STEPS = 1000  # lr_decay is the learning-rate factor per this many steps
 NO_GATE = tf1.train.Optimizer.GATE_NONE  # gating adds ~300 group ops per graph and ~0.5 s of build
-UPDATED_SCOPE = "updated"  # reads of the weights after the update (tuner.forensics knows the name)
+UPDATED_SCOPE = "updated"  # reads of the weights after the update (tuner.worker.forensics knows the name)
 
 
 
@@ -460,7 +460,7 @@ def _clip(grads: list[Any], norm: Any, hyper: Hyper, mode: str) -> tuple[list[An
     mode (the driver compares the global norm itself), a bool tensor: some gradient was clipped.
     """
     clip = hyper.clip_norm
-    with tf.name_scope("clip_by_global_norm"):  # tuner.forensics counts it as backward
+    with tf.name_scope("clip_by_global_norm"):  # tuner.worker.forensics counts it as backward
         if mode == "global":
             scale = clip * tf.minimum(1.0 / norm, 1.0 / clip) + (norm - norm)  # a NaN norm gives NaN, as TF
             return [_scaled(g, tf.where(hyper.clip_on, scale, 1.0)) for g in grads], None

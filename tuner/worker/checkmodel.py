@@ -45,7 +45,7 @@ from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code
 from tuner.preflight import check_data
 from tuner.records import RunSpec, RunStatus, TrainConfig
 from tuner.spaces import TUNER_KNOBS
-from tuner.worker import import_tensorflow
+from tuner.worker.actor import import_tensorflow
 
 SEED = 0  # graph seed of every build: the same graph gives the same loss at init
 SMOKE = TrainConfig(1e-3, clip_norm=1.0, l2_weight=1e-4)  # the training check's tuner knobs
@@ -444,7 +444,7 @@ def _graph_problem(built: _Built, arrays: int) -> str | None:
 
 def _training(model: Model, spec: str, steps: int, knobs: Mapping[str, Any]) -> Check:
     """A few steps of tuner's own trainer (Adam, L2, clipping, the NaN checks) stay finite."""
-    from tuner.train import train_run
+    from tuner.worker.train import train_run
 
     run = RunSpec(0, SEED, spec, replace(SMOKE, knobs=dict(knobs)), steps=steps, report_every=steps)
     try:
@@ -472,7 +472,7 @@ def _training_setup(built: _Built) -> dict[str, str]:
 
 
 def _session() -> Any:
-    from tuner.train import session_config
+    from tuner.worker.train import session_config
 
     return session_config(1, gpu=False)
 

@@ -1,7 +1,7 @@
 """What a person reads in the terminal: the trials table, one line per trial, the best config as YAML.
 
 One implementation for the launch's summary and ``tuner report`` (both read
-:class:`~tuner.trialrecord.TrialRecord` s). The table fits any width: its cells wrap (one knob per
+:class:`~tuner.driver.trialrecord.TrialRecord` s). The table fits any width: its cells wrap (one knob per
 line in the config column) and fold instead of cutting a value to ``…``, so piped to a file at 80
 columns the learning rate and the searched knobs stay visible.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import yaml
 from rich.table import Table
 
+from tuner.driver.trialrecord import SeedStatus, TrialRecord
 from tuner.records import TrialState
-from tuner.trialrecord import SeedStatus, TrialRecord
 
 _MARK = {SeedStatus.DIVERGED: "x", SeedStatus.CANCELLED: "c", SeedStatus.FAILED: "f", SeedStatus.SURVIVED: ""}
 LEGEND = "steps survived per seed: x diverged, c cancelled (a sibling diverged or the pruner stopped it), f failed"

@@ -13,7 +13,7 @@ on cannot measure it (a winner chosen on seeds 0 and 1 diverged on 7 of 16 fresh
   verification seeds, and the LR sensitivity (Wortsman et al. 2023) is how far the validation
   loss moves over that sweep: mean over factors of min(loss, loss at init) minus the best loss.
 
-Everything here is plain data (no Optuna, Ray or TensorFlow); ``tuner.studyrecord`` stores it.
+Everything here is plain data (no Optuna, Ray or TensorFlow); ``tuner.driver.studyrecord`` stores it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The terminal view of a launch: live on a terminal, one line per trial otherwise.
 
-It is a Callback of ``tuner.search`` and shows the trials running (each seed's ``step/total``),
+It is a Callback of ``tuner.driver.search`` and shows the trials running (each seed's ``step/total``),
 how many survived, diverged (at which step, on what, at which op) and failed, the elapsed time
 and an estimate of what is left, and the best so far; :func:`summary_table` prints the table at
-the end. Finished trials are shown from their :class:`~tuner.trialrecord.TrialRecord`, as
-``tuner report`` shows them (``tuner.views``).
+the end. Finished trials are shown from their :class:`~tuner.driver.trialrecord.TrialRecord`, as
+``tuner report`` shows them (``tuner.driver.views``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from tuner import trialrecord, views
+from tuner.driver import trialrecord, views
+from tuner.driver.trialrecord import TrialRecord
 from tuner.records import Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
-from tuner.trialrecord import TrialRecord
 
 
 class ProgressView:
@@ -157,7 +157,7 @@ def phase_line(outcome: TrialOutcome) -> str:
 
 
 def summary_table(outcomes: Iterable[TrialOutcome], keys: Sequence[str] | None = None, steps: int = 0) -> Table:
-    """The trials of this launch as ``tuner report`` shows them (``tuner.views.trials_table``)."""
+    """The trials of this launch as ``tuner report`` shows them (``tuner.driver.views.trials_table``)."""
     records = [TrialRecord.from_outcome(o, steps) for o in sorted(outcomes, key=lambda o: o.number)]
     return views.trials_table(records, keys)
 
