@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tuner.knobs import DEFAULTS, GRAPH_KNOBS, TABLE
+
 
 class RunStatus(enum.StrEnum):
     """How one seed run ended (or that it is still going)."""
@@ -47,10 +49,6 @@ class DivergedOn(enum.StrEnum):
     VALIDATION = "validation"
 
 
-OPTIMIZERS = ("adam", "rmsprop", "momentum", "sgd", "adagrad")  # tf.compat.v1.train's, by tuner's names
-CLIP_MODES = ("global", "per_tensor", "value")  # clip_by_global_norm, clip_by_norm per tensor, clip_by_value
-
-
 def cause_text(on: DivergedOn, loss: str | None = None) -> str:
     """``gradient``, or for a model with several losses ``gradient of loss "g_loss"``."""
     if loss is None:
@@ -63,48 +61,64 @@ def cause_text(on: DivergedOn, loss: str | None = None) -> str:
 class TrainConfig:
     """One point of the search space: tuner's knobs plus the model's own knobs.
 
+    Tuner's knobs are defined once, in ``tuner.knobs.TABLE`` (their types, defaults, ranges and
+    how each reaches the graph); the fields below are that table's names, typed for mypy, with the
+    table's defaults (``tests/test_knobs.py`` checks that they match).
+
     Attributes:
         learning_rate: the optimizer's learning rate.
         clip_norm: clipping threshold (of ``clip_mode``); None means no clipping.
         l2_weight: weight of the L2 term over kernels (0 means none).
         lr_decay: learning-rate factor per 1000 steps (1.0 means constant).
-        optimizer: one of :data:`OPTIMIZERS` (``tf.compat.v1.train``'s Adam, RMSProp, Momentum,
+        optimizer: one of :data:`tuner.knobs.OPTIMIZERS` (``tf.compat.v1.train``'s Adam, RMSProp, Momentum,
             GradientDescent, Adagrad).
         momentum: momentum of ``momentum`` and ``rmsprop``; None: TensorFlow's default (0.9 for
             ``momentum``, which has none in TF; 0.0 for ``rmsprop``).
         rho: RMSProp's decay; None: 0.9.
         optimizer_epsilon: epsilon of ``adam`` and ``rmsprop``; None: TF's (1e-8, 1e-10).
-        clip_mode: one of :data:`CLIP_MODES`: the global norm of all gradients, each gradient's
+        clip_mode: one of :data:`tuner.knobs.CLIP_MODES`: the global norm of all gradients, each gradient's
             own norm, or each value.
         knobs: the model's knobs, one value each.
     """
 
     learning_rate: float
-    clip_norm: float | None = None
-    l2_weight: float = 0.0
-    lr_decay: float = 1.0
-    optimizer: str = "adam"
-    momentum: float | None = None
-    rho: float | None = None
-    optimizer_epsilon: float | None = None
-    clip_mode: str = "global"
+    clip_norm: float | None = DEFAULTS["clip_norm"]
+    l2_weight: float = DEFAULTS["l2_weight"]
+    lr_decay: float = DEFAULTS["lr_decay"]
+    optimizer: str = DEFAULTS["optimizer"]
+    momentum: float | None = DEFAULTS["momentum"]
+    rho: float | None = DEFAULTS["rho"]
+    optimizer_epsilon: float | None = DEFAULTS["optimizer_epsilon"]
+    clip_mode: str = DEFAULTS["clip_mode"]
     knobs: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer {self.optimizer!r}: expected one of {list(OPTIMIZERS)}")
-        if self.clip_mode not in CLIP_MODES:
-            raise ValueError(f"clip_mode {self.clip_mode!r}: expected one of {list(CLIP_MODES)}")
+        for k in TABLE:
+            value = getattr(self, k.name)
+            if k.knob.kind == "categorical" and value not in k.knob.choices:
+                raise ValueError(f"{k.name} {value!r}: expected one of {list(k.knob.choices)}")
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> TrainConfig:
+        """A TrainConfig from one flat mapping of knob values (the inverse of :meth:`flat`).
+
+        Tuner's knobs left out take their defaults; a null one takes its table's ``null`` (a null
+        L2 weight is 0.0); every other name is a model knob.
+        """
+        merged = {**DEFAULTS, **values}
+        tuner_part = {k.name: k.coerce(merged[k.name]) for k in TABLE}
+        return cls(**tuner_part, knobs={k: v for k, v in values.items() if k not in DEFAULTS})
 
     def flat(self) -> dict[str, Any]:
         """Tuner knobs then model knobs, in one flat dict (the order of best_config.yaml)."""
-        tuner_part = {k: v for k, v in asdict(self).items() if k != "knobs"}
+        tuner_part = {k.name: getattr(self, k.name) for k in TABLE}
         return {**tuner_part, **dict(self.knobs)}
 
     def graph_key(self) -> str:
-        """What a built graph depends on besides the model: its knobs, the optimizer and the clip
-        mode (the other tuner knobs are fed at run time, see tuner.worker.train.Hyper)."""
-        return repr((sorted(self.knobs.items()), self.optimizer, self.clip_mode))
+        """What a built graph depends on besides the model: its knobs and the tuner knobs built into
+        the graph, the optimizer and the clip mode (the others are fed at run time, see
+        tuner.worker.graph.Hyper)."""
+        return repr((sorted(self.knobs.items()), *(getattr(self, name) for name in GRAPH_KNOBS)))
 
 
 @dataclass(frozen=True)

@@ -24,26 +24,12 @@ from typing import Any
 
 from tuner.config import read_yaml
 from tuner.errors import ConfigError
+from tuner.knobs import TUNER_KNOBS
 from tuner.models.base import Knob
-from tuner.records import CLIP_MODES, OPTIMIZERS, TrainConfig
+from tuner.records import TrainConfig
 
-# the knobs tuner applies to every model (see tuner.worker.train)
-TUNER_KNOBS: dict[str, Knob] = {
-    "learning_rate": Knob("float", 1e-3, 1e-8, 10.0, help="the optimizer's learning rate"),
-    "clip_norm": Knob(
-        "float", None, 1e-4, 1e4, nullable=True, help="clip threshold, see clip_mode (null: no clipping)"
-    ),
-    "l2_weight": Knob("float", 0.0, 0.0, 1.0, nullable=True, help="L2 weight on kernels"),
-    "lr_decay": Knob("float", 1.0, 1e-3, 1.0, help="learning-rate factor per 1000 steps"),
-    "optimizer": Knob("categorical", "adam", choices=OPTIMIZERS, help="tf.compat.v1.train optimizer"),
-    "momentum": Knob("float", None, 0.0, 0.9999, nullable=True,
-                     help="momentum of momentum (null: 0.9) and rmsprop (null: 0)"),
-    "rho": Knob("float", None, 0.0, 0.9999, nullable=True, help="RMSProp's decay (null: 0.9)"),
-    "optimizer_epsilon": Knob("float", None, 1e-12, 1.0, nullable=True,
-                              help="epsilon of adam (null: 1e-8) and rmsprop (null: 1e-10)"),
-    "clip_mode": Knob("categorical", "global", choices=CLIP_MODES,
-                      help="clip_norm applies to the global norm, each gradient's norm, or each value"),
-}
+__all__ = ["TUNER_KNOBS", "Param", "SearchSpace", "config_from_flat", "default_space", "load_space", "space_from"]
+
 _RANGE_KEYS = {"low", "high", "log", "nullable"}
 _CHOICE_KEYS = {"choices"}
 
@@ -100,24 +86,7 @@ class SearchSpace:
 
 def config_from_flat(values: Mapping[str, Any]) -> TrainConfig:
     """A TrainConfig from one flat mapping of knob values (tuner's knobs default when left out)."""
-    defaults = {name: knob.default for name, knob in TUNER_KNOBS.items()}
-    merged = {**defaults, **values}
-    return TrainConfig(
-        learning_rate=float(merged["learning_rate"]),
-        clip_norm=None if merged["clip_norm"] is None else float(merged["clip_norm"]),
-        l2_weight=float(merged["l2_weight"] or 0.0),
-        lr_decay=float(merged["lr_decay"]),
-        optimizer=str(merged["optimizer"]),
-        momentum=_float_or_none(merged["momentum"]),
-        rho=_float_or_none(merged["rho"]),
-        optimizer_epsilon=_float_or_none(merged["optimizer_epsilon"]),
-        clip_mode=str(merged["clip_mode"]),
-        knobs={k: v for k, v in values.items() if k not in TUNER_KNOBS},
-    )
-
-
-def _float_or_none(value: Any) -> float | None:
-    return None if value is None else float(value)
+    return TrainConfig.from_flat(values)
 
 
 def load_space(path: str | Path, model: str, knobs: Mapping[str, Knob]) -> SearchSpace:

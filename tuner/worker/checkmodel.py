@@ -41,10 +41,10 @@ import numpy as np
 
 from tuner.config import prepare_environment
 from tuner.errors import ConfigError, ModelError
+from tuner.knobs import TUNER_KNOBS
 from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code_error
 from tuner.preflight import check_data
 from tuner.records import RunSpec, RunStatus, TrainConfig
-from tuner.spaces import TUNER_KNOBS
 from tuner.worker.actor import import_tensorflow
 
 SEED = 0  # graph seed of every build: the same graph gives the same loss at init

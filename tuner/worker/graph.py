@@ -13,13 +13,14 @@ clipping per loss, each under a name scope of the loss's name; a step is one ``s
 losses' values, gradient norms and updated-weights flags, so the first non-finite one names its
 loss. A model with one loss builds exactly as before, without such scopes.
 
-Graph reuse: tuner's own knobs (learning rate, decay, clip norm, L2 weight) are fed at run time
-(:class:`Hyper`), so the graph depends only on the model's knobs. A worker keeps the graphs of the
-last few model configs (:class:`Graphs`) and, for a run on another seed, sets the seed attribute
-of every random op (and the constant seeding each Keras initializer) to what a fresh build with
-that seed would give (:func:`reseed`, ``tuner.worker.seeding``) and opens a new session: the variables
-start from the same values as after a fresh build, so results do not change, and the build
-(about half of a 600-step run at ``max_iter`` 10) is paid once per config and worker.
+Graph reuse: tuner's own knobs, but the optimizer and the clip mode, are fed at run time
+(:class:`Hyper`, its inputs from ``tuner.knobs.TABLE``), so the graph depends only on the model's
+knobs, the optimizer and the clip mode. A worker keeps the graphs of the last few model configs
+(:class:`Graphs`) and, for a run on another seed, sets the seed attribute of every random op (and
+the constant seeding each Keras initializer) to what a fresh build with that seed would give
+(:func:`reseed`, ``tuner.worker.seeding``) and opens a new session: the variables start from the
+same values as after a fresh build, so results do not change, and the build (about half of a
+600-step run at ``max_iter`` 10) is paid once per config and worker.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from tuner.hooks import BuildStopped, stop_checks, stoppable_graph
+from tuner.knobs import INPUTS, OPTIMIZER_DEFAULTS, run_inputs
 from tuner.models.base import STEP_SEED, Loss, Model, ModelGraph
 from tuner.records import TrainConfig
 from tuner.worker.seeding import MAXINT32, python_seeded, random_ops, reseed_consts, reseed_ops
@@ -51,14 +53,6 @@ NO_GATE = tf1.train.Optimizer.GATE_NONE  # gating adds ~300 group ops per graph 
 UPDATED_SCOPE = "updated"  # reads of the weights after the update (tuner.worker.forensics knows the name)
 
 
-
-# TensorFlow's defaults of the optimizer knobs a config leaves null (momentum has no TF default: 0.9)
-OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
-    "adam": {"epsilon": 1e-8}, "rmsprop": {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-10},
-    "momentum": {"momentum": 0.9}, "sgd": {}, "adagrad": {},
-}
-
-
 class Hyper:
     """Tuner's own knobs as one variable that each run sets (:meth:`set`) before its first step:
     the graph does not depend on them (the optimizer and the clip mode, which do, key the graph).
@@ -70,14 +64,15 @@ class Hyper:
     clipping off scales the gradients by 1.0, decay 1.0 gives ``lr * 1.0``.
     """
 
-    NAMES = ("learning_rate", "lr_decay", "clip_norm", "clip_on", "l2_weight", "momentum", "rho", "epsilon")
+    NAMES = INPUTS  # from tuner.knobs.TABLE: learning_rate, clip_norm, clip_on, l2_weight, ...
 
     def __init__(self) -> None:
         with tf.name_scope("hyper"):
             self._values = tf1.placeholder(tf.float32, [len(self.NAMES)], name="values")
             var = tf1.Variable(tf.zeros([len(self.NAMES)]), trainable=False, collections=[], name="tuner_hyper")
             self.assign = var.assign(self._values)
-            read = dict(zip(self.NAMES, tf.unstack(var.value()), strict=True))
+            self.inputs: dict[str, Any] = dict(zip(self.NAMES, tf.unstack(var.value()), strict=True))
+        read = self.inputs
         self.learning_rate, self.lr_decay, self.clip_norm = read["learning_rate"], read["lr_decay"], read["clip_norm"]
         self.clip_on = read["clip_on"] > 0.5
         self.l2_weight, self.momentum, self.rho, self.epsilon = (
@@ -85,17 +80,7 @@ class Hyper:
 
     def values(self, config: TrainConfig) -> list[float]:
         """The values of ``config``, in the order of :attr:`NAMES` (null optimizer knobs: TF's defaults)."""
-        defaults = OPTIMIZER_DEFAULTS[config.optimizer]
-
-        def value(name: str, given: float | None) -> float:
-            return given if given is not None else defaults.get(name, 0.0)
-
-        return [
-            config.learning_rate, config.lr_decay,
-            config.clip_norm if config.clip_norm is not None else 1.0, float(config.clip_norm is not None),
-            config.l2_weight, value("momentum", config.momentum), value("rho", config.rho),
-            value("epsilon", config.optimizer_epsilon),
-        ]
+        return run_inputs(config.flat(), config.optimizer)
 
     def set(self, sess: Any, config: TrainConfig) -> None:
         """Give the knobs ``config``'s values in ``sess``."""
