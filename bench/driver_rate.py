@@ -262,7 +262,7 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
         budget = Budget(10**6, args.steps, 2, args.report_every, race_seeds=0)
         backlog: list[tuple[float, int]] = []
         with ProgressView(10**6, live=False, console=_null_console()) as view:
-            search = Search(study, space, MODEL, executor, budget, [tracker, view], tracker.run_id,
+            search = Search(study, space, MODEL, executor, budget, [tracker, view],
                             stream=studyrecord.seed_stream(study, 0), liveness=liveness)
             watch = _watch_backlog(tracker, backlog)
             with contextlib.suppress(WindowOver):

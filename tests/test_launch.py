@@ -83,6 +83,15 @@ def test_launch_iterated_mlp_races_verifies_and_its_export_holds_on_fresh_seeds(
     assert survived and int(survived.group(1)) >= 15, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+def trial_runs(tmp_path: Path) -> dict[int, str]:
+    """Trial number -> the id of the trial's own MLflow run (phase ``search``)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("s1").experiment_id])
+    return {int(r.data.tags["trial"]): r.info.run_id for r in runs if r.data.tags.get("phase") == "search"}
+
+
 def phase_runs(tmp_path: Path) -> dict[str, int]:
     """MLflow runs per phase tag of the study's trials."""
     from mlflow.tracking import MlflowClient
@@ -96,8 +105,9 @@ def test_launch_continues_a_study_with_more_trials(tmp_path: Path) -> None:
     launch(tmp_path, "--model", "iterated_mlp", *NO_VERIFY, trials=3, steps=100, codes=FINISHED)
     check_stores(tmp_path, 3)
     # the same study and storage again, asking for 5: two more trials run
-    launch(tmp_path, "--model", "iterated_mlp", *NO_VERIFY, trials=5, steps=100, codes=FINISHED)
+    _, doc = launch(tmp_path, "--model", "iterated_mlp", *NO_VERIFY, trials=5, steps=100, codes=FINISHED)
     finished = check_stores(tmp_path, 5)
+    assert doc["study"]["mlflow_run_id"] == trial_runs(tmp_path)[doc["study"]["trial"]]  # this launch's or the first's
     # resumed inside TPE's random start-up: the seeded sampler must not replay trials 0 and 1
     configs = [tuple(sorted(t.params.items())) for t in finished]
     assert len(set(configs)) == 5
@@ -111,6 +121,7 @@ def test_launch_continues_a_study_with_more_trials(tmp_path: Path) -> None:
     text = " ".join(again.stdout.split())
     assert "already has 5 finished trial(s)" in text and "--trials 10 runs 5 more" in text
     assert "config: learning_rate: " in text and "None" not in text
+    assert yaml.safe_load((tmp_path / "best.yaml").read_text())["study"] == doc["study"]  # its run found read only
     assert "INFO" not in again.stderr
     from mlflow.tracking import MlflowClient
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import optuna
 import pytest
+import yaml
 from matplotlib.figure import Figure
 from rich.console import Console
 
@@ -242,6 +243,9 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
     (parent,) = [r for r in runs if r.data.tags.get("tuner.role") == "study"]
     assert {"best.yaml", "s_stability_map.png", "s_survival.png"} <= {
         a.path for a in client.list_artifacts(parent.info.run_id)}
+    own = {int(r.data.tags["trial"]): r.info.run_id for r in runs if r.data.tags.get("phase") == "search"}
+    exported = yaml.safe_load(out.read_text())["study"]
+    assert exported["mlflow_run_id"] == own[exported["trial"]]  # asked of the tracker once the search ended
     assert parent.data.metrics["diverged_fraction"] == pytest.approx(
         sum(s == "diverged" for s in statuses.values()) / 4)
     for run in (r for r in runs if "trial" in r.data.tags):

@@ -6,6 +6,7 @@ end to end in test_launch.py.
 
 from __future__ import annotations
 
+import inspect
 import math
 import statistics
 from collections import deque
@@ -16,8 +17,8 @@ import optuna
 import pytest
 
 from tuner.driver.evidence import SeedStream
-from tuner.driver.search import RACE_Z, Budget, Search, judge, make_pruner, prune_start
-from tuner.driver.trialrecord import SeedStatus, read
+from tuner.driver.search import RACE_Z, Budget, Callback, Search, judge, make_pruner, prune_start
+from tuner.driver.trialrecord import ATTR, SeedStatus, read
 from tuner.models import Knob
 from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrialState
 from tuner.spaces import space_from
@@ -119,13 +120,13 @@ def spec_seeds(trial: int) -> tuple[int, ...]:
 
 
 def make_search(trials: int, executor: FakeExecutor, sampler: optuna.samplers.BaseSampler,
-                race_seeds: int = 0, pruner: str = "none") -> Search:
+                race_seeds: int = 0, pruner: str = "none", callbacks: Sequence[Callback] = ()) -> Search:
     params = {"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}}
     space = space_from(params, "fake", KNOBS, "<test>")
     study = optuna.create_study(direction="minimize", sampler=sampler, pruner=make_pruner(pruner, 200))
     budget = Budget(trials, steps=200, seeds=2, report_every=20, race_seeds=race_seeds,
                     prune_from=prune_start(pruner, 200))
-    return Search(study, space, "fake", executor, budget, stream=STREAM)
+    return Search(study, space, "fake", executor, budget, callbacks, stream=STREAM)
 
 
 def test_search_seeded_tpe_finds_the_known_best() -> None:
@@ -134,6 +135,52 @@ def test_search_seeded_tpe_finds_the_known_best() -> None:
     best = search.study.best_trial
     assert abs(math.log10(best.params["learning_rate"]) + 2.5) < 0.35
     assert len(search.study.trials) == 40
+
+
+HOOKS = frozenset(name for name in vars(Callback) if name.startswith("on_"))
+
+
+class Listener:
+    """A callback that only listens: it notes each hook it hears (called as the Callback protocol
+    declares it) and fails on any other attribute the search might ask it for (a run id, say)."""
+
+    def __init__(self, heard: list[tuple[str, int]]) -> None:
+        object.__setattr__(self, "heard", heard)
+
+    def __getattribute__(self, name: str) -> object:
+        if name not in HOOKS:
+            raise AssertionError(f"the search asked its callback for {name!r}: a callback only listens")
+        heard: list[tuple[str, int]] = object.__getattribute__(self, "heard")
+
+        def hook(*args: object, **kwargs: object) -> None:
+            inspect.signature(getattr(Callback, name)).bind(self, *args, **kwargs)
+            first = args[0]
+            heard.append((name, first if isinstance(first, int) else getattr(first, "trial", None)
+                          or getattr(first, "number", 0)))
+
+        return hook
+
+
+def test_search_runs_without_a_tracker_and_only_calls_a_callback_through_its_hooks() -> None:
+    """Two trials, the best raced 2 -> 4 -> 8 seeds: the same records with no callback as with a
+    listener, none holding an MLflow run id; the listener heard every trial start, report and end."""
+    studies, heard = [], []
+    for callbacks in ((), (Listener(heard),)):
+        search = make_search(2, FakeExecutor(), optuna.samplers.RandomSampler(seed=0), race_seeds=8,
+                             callbacks=callbacks)
+        search.study.enqueue_trial({"learning_rate": 10**-2.5})
+        search.study.enqueue_trial({"learning_rate": 0.1})
+        search.run()
+        studies.append(search.study)
+    alone, listened = ([read(t) for t in study.trials] for study in studies)
+    assert alone == listened and [r.state for r in alone] == [TrialState.COMPLETE, TrialState.PRUNED]
+    assert all(r is not None and r.run_id is None and "run_id" not in t.user_attrs[ATTR]
+               for r, t in zip(alone, studies[0].trials, strict=True))
+    for number in (0, 1):
+        hooks = [name for name, n in heard if n == number]
+        assert hooks[0] == "on_trial_start" and hooks[-1] == "on_trial_complete" and "on_trial_result" in hooks
+    raced = [name for name, n in heard if n == 0 and name.startswith("on_phase")]
+    assert raced == ["on_phase_start", "on_phase_end"] * 2  # race levels 4 and 8
 
 
 def test_search_diverged_seed_prunes_trial_and_cancels_siblings() -> None:

@@ -92,7 +92,7 @@ def test_tracker_logs_telemetry_forensics_tags_and_divergence_json(tmp_path: Pat
     tracker.close()
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
-    run = client.get_run(tracker.run_id(0))
+    run = client.get_run(tracker.runs()[0])
     tags = run.data.tags
     assert (tags["first_nonfinite_op"], tags["first_nonfinite_kind"]) == ("iter_1/hazard/Log", "forward")
     assert (tags["first_nonfinite_iteration"], tags["divergence_cause"]) == ("1", "model")

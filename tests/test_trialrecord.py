@@ -28,15 +28,26 @@ def outcome() -> TrialOutcome:
 
 
 def test_record_round_trips_and_tells_a_cancelled_sibling_from_a_diverged_seed() -> None:
-    record = TrialRecord.from_outcome(outcome(), steps=100, run_id="abc")
+    record = TrialRecord.from_outcome(outcome(), steps=100, stopped_at=40)
     again = TrialRecord.from_dict(record.to_dict())
-    assert again == record
+    assert again == record and again.stopped_at == 40
     assert [s.status for s in again.seeds] == [SeedStatus.DIVERGED, SeedStatus.CANCELLED]
     assert (again.divergence_step, again.diverged_on, again.op) == (34, "loss", "iter_2/recompute_input/Log")
     assert again.weakest == 33  # the cancelled sibling does not count as the weakest seed
     assert again.seeds[1].text() == "seed 6: cancelled at step 40"
     with pytest.raises(ValueError, match="newer than this tuner reads"):
         TrialRecord.from_dict({**record.to_dict(), "version": 99})
+
+
+def test_record_holds_no_mlflow_run_id_and_one_an_older_search_wrote_is_kept() -> None:
+    record = TrialRecord.from_outcome(outcome(), steps=100)
+    assert "run_id" not in record.to_dict() and record.run_id is None  # the search asks the tracker nothing
+    older = {**record.to_dict(), "run_id": "abc"}  # version 1 as the search wrote it when it asked the tracker
+    again = TrialRecord.from_dict(older)
+    assert again.run_id == "abc" and again.version == 1 and again.to_dict() == older
+    legacy = read(types.SimpleNamespace(number=3, user_attrs={"config": {}, "status": "survived", "seeds": [1],
+                                                              "steps_survived": [10], "mlflow_run_id": "def"}))
+    assert legacy is not None and legacy.run_id == "def" and legacy.version == 0
 
 
 def test_old_studies_read_from_their_separate_attrs() -> None:

@@ -15,6 +15,7 @@ from tests.conftest import FIXTURES, run_tuner
 from tests.test_search import STREAM, FakeExecutor, make_search
 from tuner.driver import studyrecord
 from tuner.driver.export import best_config, is_success
+from tuner.driver.trialrecord import ATTR
 from tuner.driver.verify import Plan, Runner, verify_study
 
 CONFIGS = FIXTURES / "configs"
@@ -69,6 +70,23 @@ def test_export_says_plainly_when_no_config_met_the_bar() -> None:
     assert doc["stability"]["verified"]["met"] is False
     assert "no config met the bar" in doc["stability"]["rule"] and "No config met the bar" in doc["note"]
     assert not is_success(doc)
+
+
+def test_export_names_the_exported_trials_mlflow_run_and_keeps_the_one_an_older_record_holds() -> None:
+    plan = Plan(seeds=16, steps=400, margin=False)
+    study = run_and_verify(FakeExecutor(), [10**-2.5, 1e-3], plan)
+    assert best_config(study, "sqlite:///x.db", 200)["study"]["mlflow_run_id"] is None  # no tracking
+    runs = {0: "run-of-0", 1: "run-of-1"}  # what the launch asks the tracker once the search has ended
+    assert best_config(study, "sqlite:///x.db", 200, runs=runs)["study"]["mlflow_run_id"] == "run-of-0"
+    older = optuna.create_study(study_name=study.study_name)  # trial 0's record as the search wrote it before
+    for key, value in study.user_attrs.items():
+        older.set_user_attr(key, value)
+    for t in study.trials:
+        attrs = {**t.user_attrs, ATTR: {**t.user_attrs[ATTR], "run_id": f"written-by-the-search-{t.number}"}}
+        older.add_trial(optuna.trial.create_trial(state=t.state, value=t.value, params=t.params,
+                                                  distributions=t.distributions, user_attrs=attrs))
+    doc = best_config(older, "sqlite:///x.db", 200, runs=runs)
+    assert (doc["study"]["trial"], doc["study"]["mlflow_run_id"]) == (0, "written-by-the-search-0")
 
 
 def test_export_never_calls_a_survivor_that_did_not_learn_a_success() -> None:

@@ -14,6 +14,7 @@ exported again without training.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,12 @@ def best_trial(study: optuna.Study) -> tuple[TrialRecord, str] | None:
     return trialrecord.best(trialrecord.study_records(study), studyrecord.choice(study))
 
 
-def best_config(study: optuna.Study, storage: str, steps: int, model: str | None = None) -> dict[str, Any]:
+def best_config(study: optuna.Study, storage: str, steps: int, model: str | None = None,
+                runs: Mapping[int, str] | None = None) -> dict[str, Any]:
     """The content of best_config.yaml for ``study`` (see the module docs).
+
+    ``runs`` maps a trial number to its MLflow run id (``tuner.driver.mlflow_runs``: the search
+    records none); ``mlflow_run_id`` is the one an old record holds, else the one ``runs`` names, else null.
 
     Raises:
         NoTrialFinished: the study has no finished trial (every trial failed).
@@ -72,7 +77,7 @@ def best_config(study: optuna.Study, storage: str, steps: int, model: str | None
             "model": model,
             "storage": redact(storage),
             "trial": trial.number,
-            "mlflow_run_id": trial.run_id,
+            "mlflow_run_id": trial.run_id or (runs or {}).get(trial.number),
         },
     }
     note = _note(diverged, trial.learned, trial.verification)

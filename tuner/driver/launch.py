@@ -76,9 +76,8 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         with ProgressView(todo, live=config.live, console=console, keys=shown_knobs(space),
                           steps=config.steps) as view:
             callbacks = [c for c in (tracker, view) if c is not None]
-            run_id = tracker.run_id if tracker else None
-            search = Search(study, space, config.model, executor, budget, callbacks, run_id, skip=skip,
-                            stream=stream, liveness=liveness)
+            search = Search(study, space, config.model, executor, budget, callbacks, skip=skip, stream=stream,
+                            liveness=liveness)
             liveness.say = executor.say = view.say
             search.run(todo)
             liveness.say = _say
@@ -91,11 +90,13 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         closing.start()
         search.compute.merge(runner.compute)
         studyrecord.add_compute(study, search.compute.by_phase())
+        runs: dict[int, str] = {}  # trial number -> its MLflow run id
         if tracker:
             tracker.set_launch_metrics(_compute_metrics(search.compute))
             tracker.flush()
+            runs = tracker.runs()  # asked once the search has ended: the search never asks the tracker
         console.print(summary_table(search.outcomes, shown_knobs(space), config.steps))
-        doc = best_config(study, config.storage, config.steps, config.model)
+        doc = best_config(study, config.storage, config.steps, config.model, runs)
         write_best(config.out, doc)
         _print_best(doc, config.out)
         plots = write_study_plots(study, config.out)
@@ -414,7 +415,10 @@ def show_finished(study: Any, config: LaunchConfig) -> dict[str, Any]:
     console.print(f"study {study.study_name!r} on {redact(config.storage)} already has {held} finished trial(s) "
                   f"(--trials {config.trials} is the total it should reach): nothing to train.",
                   highlight=False, markup=False)
-    doc = best_config(study, config.storage, config.steps, config.model)
+    from tuner.driver.mlflow_runs import stored_runs
+
+    runs = {} if config.no_tracking else stored_runs(config.tracking_uri, config.study_name)  # read only
+    doc = best_config(study, config.storage, config.steps, config.model, runs)
     write_best(config.out, doc)
     _print_best(doc, config.out)
     console.print(f"to run more trials, give a higher total: --trials {held + config.trials} runs "

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from tuner.config import redact
-from tuner.driver import studyrecord, trialrecord
+from tuner.driver import mlflow_runs, studyrecord, trialrecord
 from tuner.driver.evidence import MARGIN_FACTORS, Margin
 from tuner.driver.plots import write_plots
 from tuner.driver.trialrecord import TrialRecord, diverged_line, varying
@@ -97,19 +97,16 @@ def study_rows(study: Any) -> list[TrialRecord]:
     return trialrecord.study_records(study)
 
 
-def mlflow_causes(uri: str, experiment: str) -> dict[str, str]:
-    """Run id, and ``trial:<number>``, -> the divergence cause the run's tags name."""
-    client = _client(uri)
+def mlflow_causes(uri: str, experiment: str) -> dict[int, str]:
+    """Trial number -> the divergence cause its own run's tags name (the trial's run, found by its
+    tags: tuner.driver.mlflow_runs; not a verification run of its config, which has a cause of its own)."""
+    client = mlflow_runs.client(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return {}
-    causes = {}
-    for run in client.search_runs([found.experiment_id], max_results=5000):
-        cause = cause_text(run.data.tags)
-        if cause:
-            causes[run.info.run_id] = cause
-            causes[f"trial:{run.data.tags.get('trial')}"] = cause
-    return causes
+    runs = mlflow_runs.own_runs(mlflow_runs.all_runs(client, found.experiment_id))
+    causes = {number: cause_text(run.data.tags) for number, run in runs.items()}
+    return {number: cause for number, cause in causes.items() if cause}
 
 
 def cause_text(tags: Mapping[str, str]) -> str:
@@ -153,7 +150,7 @@ def margin_line(trial: int, margin: Margin) -> str:
 
 def attach_plots(uri: str, experiment: str, paths: Sequence[Path]) -> None:
     """Log the plots on the study's latest launch run."""
-    client = _client(uri)
+    client = mlflow_runs.client(uri)
     found = client.get_experiment_by_name(experiment)
     parents = [] if found is None else client.search_runs(
         [found.experiment_id], filter_string="tags.`tuner.role` = 'study'",
@@ -163,9 +160,3 @@ def attach_plots(uri: str, experiment: str, paths: Sequence[Path]) -> None:
         raise TrackingError(f"no launch run of study {experiment!r} in {redact(uri)} to attach the plots to")
     for path in paths:
         client.log_artifact(parents[0].info.run_id, str(path))
-
-
-def _client(uri: str) -> Any:
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=uri)

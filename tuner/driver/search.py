@@ -17,7 +17,10 @@ search learned about a trial is written once, as its :class:`~tuner.driver.trial
 
 Only this driver talks to the Optuna storage; callbacks (MLflow tracking, the terminal view) hear
 ``on_trial_start``, ``on_trial_result`` and ``on_trial_complete``, and ``on_phase_start`` /
-``on_phase_end`` for the race levels, verification and margin runs of a config.
+``on_phase_end`` for the race levels, verification and margin runs of a config. A callback only
+listens (optuna-integration's MLflowCallback): the search never asks one anything back, so a
+trial's record holds nothing a callback made (its MLflow run is found by its tags:
+``tuner.driver.mlflow_runs``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Protocol
 
 import optuna
 
@@ -163,7 +166,6 @@ class Search:
         executor: Executor,
         budget: Budget,
         callbacks: Sequence[Callback] = (),
-        run_id: Any = None,
         skip: Skip | None = None,
         stream: SeedStream | None = None,
         liveness: Liveness | None = None,
@@ -172,7 +174,6 @@ class Search:
         self.skip = skip or Skip()  # samples the data preflight left out of every run
         self.executor, self.budget, self.callbacks = executor, budget, list(callbacks)
         self.stream = stream or SeedStream(0)
-        self._run_id = run_id  # trial number -> MLflow run id (or None)
         self._active: dict[int, _Trial] = {}
         self._reports = Reports()  # intermediate values, written in batches (tuner.driver.intermediate)
         self.outcomes: list[TrialOutcome] = []
@@ -384,8 +385,7 @@ class Search:
 
     def _finish(self, active: _Trial, outcome: TrialOutcome) -> None:
         number = active.trial.number
-        record = TrialRecord.from_outcome(outcome, self.budget.steps, self._run_id(number) if self._run_id else None,
-                                          active.stopped_at)
+        record = TrialRecord.from_outcome(outcome, self.budget.steps, active.stopped_at)
         self._reports.flush(active.trial)  # its intermediate values, before it is told
         try:
             if outcome.state is TrialState.PRUNED:

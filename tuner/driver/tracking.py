@@ -11,7 +11,7 @@ What a large cluster needs (bench/driver_rate.py, BENCHMARKS.md): MLflow's store
 record carries about 32 values, so a driver sending all of them keeps up with about 250 records/s.
 So: a run's points are sent once it has 1000 of them or its oldest is older than an interval that
 grows with the runs logging at once (about 10 calls a second in all, at least 1 s, at most 10 s);
-a trial's run is created ahead of the queue (so that ``run_id`` never waits for it); and when
+a trial's run is created ahead of the queue (it shows in the MLflow UI while its points wait); and when
 more than 10,000 points wait to be sent, a progress record's values other than ``loss`` go to its
 run's ``telemetry.json`` (one row per seed and step) instead of metric points, until the queue is
 short again. Nothing is dropped: every record's loss is a metric point, each of its other values
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -40,7 +39,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from tuner.driver import mlflow_ui
+from tuner.driver import mlflow_runs, mlflow_ui
 from tuner.errors import TrackingError
 from tuner.records import Forensics, NonFiniteKind, Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
 
@@ -65,12 +64,8 @@ def connect(uri: str) -> Any:
     Raises:
         TrackingError: the store does not answer.
     """
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-    from mlflow.tracking import MlflowClient
-
     try:
-        client = MlflowClient(tracking_uri=uri)
+        client = mlflow_runs.client(uri)
         client.search_experiments(max_results=1)
     except Exception as exc:  # any failure here means the store is unusable
         raise _unreachable(uri, exc) from exc
@@ -94,7 +89,8 @@ def _unreachable(uri: str, exc: BaseException) -> TrackingError:
 
 
 class Tracker:
-    """Logs a launch to MLflow (see the module docs); a Callback of ``tuner.driver.search``."""
+    """Logs a launch to MLflow (see the module docs); a Callback of ``tuner.driver.search``, which
+    only hears events: the search never asks it anything (the launch asks :meth:`runs` once it has ended)."""
 
     def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, Any], client: Any = None,
                  driver: str | None = None) -> None:
@@ -149,15 +145,22 @@ class Tracker:
         for key, value in tags.items():
             self.client.set_experiment_tag(self.experiment_id, key, value)
 
-    def run_id(self, number: int) -> str | None:
-        """The child run id of a trial (creating it first if it is still to be created; None if that fails)."""
-        if number not in self._runs:
-            with self._lock:
-                try:
-                    self._create_children()
-                except Exception as exc:  # MLflow is down: the sender creates it once it answers again
-                    log.debug("trial %d's run is not created yet: %s", number, exc)
-        return self._runs.get(number)
+    def runs(self) -> dict[int, str]:
+        """Trial number -> the id of its own run: this launch's runs created so far, and the study's
+        earlier ones found in the store (tuner.driver.mlflow_runs).
+
+        For the launch to ask once its search has ended (the search never asks a callback
+        anything); best after :meth:`flush`. While MLflow does not answer, this launch's runs alone, at once.
+        """
+        made = dict(self._runs)
+        if self._warned:
+            return made
+        try:
+            found = mlflow_runs.trial_runs(self.client, self.experiment_id)
+        except Exception as exc:  # MLflow went away since the last send: this launch's runs are known
+            log.debug("the study's earlier runs were not looked up: %s", _first_line(exc))
+            return made
+        return {**found, **made}
 
     def backlog(self) -> int:
         """Metric points buffered or queued and not yet sent."""
@@ -262,7 +265,7 @@ class Tracker:
 
     def _send(self) -> bool:
         """Send queued operations in order (trials' runs created first); on failure keep the rest and
-        warn once. The lock is taken per operation, so that ``run_id`` waits for one at most."""
+        warn once. The lock is taken per operation, so that ``close_orphans`` waits for one at most."""
         while True:
             with self._lock:
                 try:

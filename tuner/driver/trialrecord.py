@@ -114,7 +114,8 @@ class TrialRecord:
         learned: whether it fell below the loss at initialisation (None: unknown).
         init_val_loss: the validation loss at initialisation, mean over seeds.
         reason: why it failed or was stopped.
-        run_id: its MLflow run id.
+        run_id: its MLflow run id, in records the search wrote before it stopped asking the tracker
+            (``tuner.driver.mlflow_runs`` finds the run of a newer record by its tags).
         stopped_at: the step the pruner stopped it at.
         version: the record's schema (0: read from a study written before the record existed).
         verification: its config's run on fresh seeds (joined from the study at read time).
@@ -139,14 +140,13 @@ class TrialRecord:
     chosen: bool = field(default=False, compare=False)
 
     @classmethod
-    def from_outcome(cls, outcome: TrialOutcome, steps: int, run_id: str | None = None,
-                     stopped_at: int | None = None) -> TrialRecord:
+    def from_outcome(cls, outcome: TrialOutcome, steps: int, stopped_at: int | None = None) -> TrialRecord:
         """The record of a trial the search has just judged."""
         return cls(
             number=outcome.number, state=outcome.state, config=outcome.config.flat(), steps=steps,
             seeds=tuple(SeedResult.from_run(r) for r in outcome.seeds), value=outcome.value,
             learned=outcome.learned, init_val_loss=outcome.init_val_loss, reason=outcome.reason,
-            run_id=run_id, stopped_at=stopped_at,
+            stopped_at=stopped_at,
         )
 
     @property
@@ -206,13 +206,14 @@ class TrialRecord:
         return min(ended, default=0)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready data (the Optuna user attr); the joined study figures are left out."""
+        """JSON-ready data (the Optuna user attr); the joined study figures are left out, and so is
+        ``run_id`` unless an old record held one (a reader of version 1 takes it as optional)."""
         return {
             "version": self.version, "number": self.number, "state": self.state.value,
             "config": dict(self.config), "steps": self.steps,
             "seeds": [{k: getattr(s, k) for k in SeedResult.__dataclass_fields__} for s in self.seeds],
             "value": self.value, "learned": self.learned, "init_val_loss": self.init_val_loss,
-            "reason": self.reason, "run_id": self.run_id, "stopped_at": self.stopped_at,
+            "reason": self.reason, **({"run_id": self.run_id} if self.run_id else {}), "stopped_at": self.stopped_at,
         }
 
     @classmethod

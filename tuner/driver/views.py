@@ -71,14 +71,14 @@ def verified_text(record: TrialRecord) -> str:
 
 
 def trials_table(records: Sequence[TrialRecord], keys: Sequence[str] | None,
-                 causes: Mapping[str, str] | None = None) -> Table:
+                 causes: Mapping[int, str] | None = None) -> Table:
     """One row per trial: its outcome (status, val loss, seeds and steps survived, the divergence:
     step, what and op), its verification, its config. Three or four columns whose cells wrap at
     spaces, so the table fits 80 columns as well as 200.
 
     ``keys`` are the config knobs shown (the searched or varying ones; None: all); ``causes`` maps
-    an MLflow run id or ``trial:<number>`` to a divergence cause the tracking store names, used
-    where the record has no op. The verified column shows only when a trial was verified.
+    a trial number to the divergence cause its MLflow run names (``tuner.driver.report``), shown
+    before the op the record names. The verified column shows only when a trial was verified.
     """
     causes = causes or {}
     verified = any(r.verification is not None or r.chosen for r in records)
@@ -89,7 +89,7 @@ def trials_table(records: Sequence[TrialRecord], keys: Sequence[str] | None,
         table.add_column("verified", overflow="fold")
     table.add_column("config", overflow="fold", ratio=1)
     for r in records:
-        table.add_row(str(r.number), outcome_text(r, causes.get(r.run_id or "") or causes.get(f"trial:{r.number}")),
+        table.add_row(str(r.number), outcome_text(r, causes.get(r.number)),
                       *([verified_text(r)] if verified else []), knobs_text(r.config, keys))
     return table
 
