@@ -9,7 +9,8 @@ import pytest
 
 from tuner.errors import ConfigError
 from tuner.models import BUILTIN, load_model
-from tuner.spaces import TUNER_KNOBS, default_space, load_space
+from tuner.models.base import Knob
+from tuner.spaces import TUNER_KNOBS, default_space, load_space, space_from
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = Path(__file__).resolve().parent / "fixtures" / "spaces"
@@ -34,11 +35,33 @@ def test_load_space_every_shipped_space_loads(model: str) -> None:
         ("top_level_typo.yaml", r"unknown key\(s\) \['parms'\]"),
         ("bad_choice.yaml", r"params\.bn_order: choice 'layer_norm': expected one of"),
         ("bad_fixed.yaml", r"params\.max_iter: fixed value 500: outside the valid range"),
+        ("not_nullable.yaml", r"params\.lr_decay\.nullable: this knob cannot be null \(valid: float in"),
+        ("log_not_bool.yaml", r"params\.clip_norm\.log: expected true or false, got 'yes'"),
+        ("range_of_choices_knob.yaml", r"params\.bn_order: a categorical knob takes choices, not a range"),
+        ("not_a_mapping.yaml", r"not_a_mapping\.yaml: expected a mapping with a 'params' key"),
     ],
 )
 def test_load_space_bad_file_names_file_and_key(file: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         load_space(BAD / file, "iterated_mlp", load_model("iterated_mlp").knobs)
+
+
+def test_load_space_several_problems_one_line_each_naming_file_and_key() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_space(BAD / "several_problems.yaml", "iterated_mlp", load_model("iterated_mlp").knobs)
+    lines = str(caught.value).splitlines()
+    assert [line.partition(": ")[2].partition(":")[0] for line in lines] == [
+        "params.learning_rate.high", "params.max_iter.low", "params.bn_order"]
+    assert all(line.startswith(f"{BAD / 'several_problems.yaml'}: ") for line in lines)
+    assert "a range needs both low and high" in lines[0] and "outside the valid range [2, 30]" in lines[1]
+
+
+def test_space_from_knobs_named_like_pydantic_members() -> None:
+    knobs = {"copy": Knob("int", 1, 1, 4), "model_config": Knob("categorical", "a", choices=("a", "b"))}
+    space = space_from({"copy": {"low": 1, "high": 3}, "model_config": "b"}, "odd", knobs, "<test>")
+    assert space.params["copy"].high == 3 and space.params["model_config"].value == "b"
+    with pytest.raises(ConfigError, match=r"<test>: params\.copy\.high: 9: outside the valid range \[1, 4\]"):
+        space_from({"copy": {"low": 1, "high": 9}}, "odd", knobs, "<test>")
 
 
 def test_load_space_missing_file_is_a_config_error(tmp_path: Path) -> None:

@@ -100,9 +100,9 @@ class Knob:
             return None if value in self.choices else f"expected one of {list(self.choices)}"
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return f"expected a{'n' if self.kind == 'int' else ''} {self.kind}"
-        if self.kind == "int" and not float(value).is_integer():
+        if self.kind == "int" and not (isinstance(value, int) or float(value).is_integer()):
             return "expected an int"
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):  # an int is finite (and may not fit a float)
             return "expected a finite number"
         assert self.low is not None and self.high is not None  # checked in __post_init__
         if not self.low <= value <= self.high:
