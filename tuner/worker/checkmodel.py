@@ -14,7 +14,7 @@ then prints one line per check (``PASS`` or ``FAIL`` and what it found):
 - ``gradients``: a gradient reaches every trainable weight; each of several losses trains at least
   one weight (its ``trains=`` matches some) and some loss trains each; a single loss that sums two
   adversarial terms (a GAN's ``d_loss + g_loss``: gradients opposed on the weights and on an
-  activation both are computed from) fails;
+  activation both are computed from, ``tuner.worker.adversaries``) fails;
 - ``knob NAME``: some other valid value of the knob changes the graph's op count, the data, the
   loss at init or how several losses train (update order, optimizer, learning-rate factor), with
   the other knobs at their defaults, or with one of them changed (for a knob that only matters
@@ -46,10 +46,10 @@ from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code
 from tuner.preflight import check_data
 from tuner.records import RunSpec, RunStatus, TrainConfig
 from tuner.worker.actor import import_tensorflow
+from tuner.worker.adversaries import opposed_terms, summed_terms
 
 SEED = 0  # graph seed of every build: the same graph gives the same loss at init
 SMOKE = TrainConfig(1e-3, clip_norm=1.0, l2_weight=1e-4)  # the training check's tuner knobs
-OPPOSED = -0.9  # two terms of one summed loss whose gradients' cosine is below this are adversaries
 
 
 @dataclass(frozen=True)
@@ -256,8 +256,10 @@ class Probe:
     def adversaries_check(self, built: _Built, variables: list[Any], grads: list[Any]) -> Check:
         """A single loss that is a sum of terms pulling its weights in opposite directions (the naive
         port of a GAN: ``d_loss + g_loss`` under one optimizer) fails; otherwise gradients pass."""
-        terms = _summed_terms(built.model.loss)
-        fight = self._opposed_terms(built, terms, variables) if len(terms) > 1 else None
+        terms = summed_terms(built.model.loss)
+        fight = None
+        if len(terms) > 1:
+            fight = opposed_terms(built.graph, terms, variables, self._feed(built, self.defaults), _session())
         if fight is not None:
             a, b, cosine = fight
             return Check("gradients", False, f"model {self.spec!r}: the loss is a sum whose terms {a} and {b} pull "
@@ -265,32 +267,6 @@ class Probe:
                          "their sum trains neither (a GAN's d_loss + g_loss); return them as named losses, each "
                          "with the weights it trains: ModelGraph(losses={...}) (docs/models.md, several losses)")
         return Check("gradients", True, f"a gradient reaches each of the {len(variables)} trainable weight(s)")
-
-    def _opposed_terms(self, built: _Built, terms: list[Any], variables: list[Any]) -> tuple[str, str, float] | None:
-        """Two terms that are adversaries at init on the first batch, or None: their gradients point in
-        opposite directions (cosine below ``OPPOSED``) over the weights both reach and over an
-        activation of the batch both are computed from (a GAN's ``D(G(z))``). Terms that only share
-        weights (a classifier's loss on its positive and its negative samples) are not flagged."""
-        import tensorflow as tf
-
-        pairs = [(i, j) for i in range(len(terms)) for j in range(i + 1, len(terms))]
-        shared = {(i, j): _shared_activations(terms[i], terms[j]) for i, j in pairs}
-        with built.graph.as_default():
-            on_weights = [tf.compat.v1.gradients(t, variables) for t in terms]
-            on_shared = {(i, j): [tf.compat.v1.gradients(terms[k], shared[i, j]) for k in (i, j)] for i, j in pairs}
-            init = tf.compat.v1.global_variables_initializer()
-        fetch = ([_present(g) for g in on_weights],
-                 {key: [_present(g) for g in both] for key, both in on_shared.items()})
-        with tf.compat.v1.Session(graph=built.graph, config=_session()) as sess:
-            sess.run(init)
-            weights, activations = sess.run(fetch, self._feed(built, self.defaults))
-        for i, j in pairs:
-            cosine = _cosine(weights[i], _reached(on_weights[i]), weights[j], _reached(on_weights[j]))
-            (a, b), (ra, rb) = activations[i, j], [_reached(g) for g in on_shared[i, j]]
-            fights = [c for k in range(len(ra)) if (c := _cosine(*_one(a, ra, k), *_one(b, rb, k))) is not None]
-            if cosine is not None and cosine < OPPOSED and fights and min(fights) < OPPOSED:
-                return terms[i].op.name, terms[j].op.name, cosine
-        return None
 
     def knob_check(self, name: str) -> Check:
         """Some other valid value of knob ``name`` changes the graph, the data or the loss at init."""
@@ -475,58 +451,6 @@ def _session() -> Any:
     from tuner.worker.train import session_config
 
     return session_config(1, gpu=False)
-
-
-def _summed_terms(loss: Any) -> list[Any]:
-    """The scalar terms of ``loss`` when it is a sum (``a + b``, ``tf.add_n``), else ``[loss]``."""
-    if loss.op.type not in ("Add", "AddV2", "AddN"):
-        return [loss]
-    terms = [term for t in loss.op.inputs for term in _summed_terms(t)]
-    return terms if all(t.shape.rank == 0 for t in terms) else [loss]
-
-
-def _shared_activations(a: Any, b: Any) -> list[Any]:
-    """The floating tensors of a batch (first dimension unknown) that both ``a`` and ``b`` are computed from."""
-    def ancestors(tensor: Any) -> dict[str, Any]:
-        seen: dict[str, Any] = {}
-        todo = [tensor]
-        while todo:
-            t = todo.pop()
-            if t.name not in seen:
-                seen[t.name] = t
-                todo.extend(t.op.inputs)
-        return seen
-
-    mine, theirs = ancestors(a), ancestors(b)
-    return [t for name, t in mine.items() if name in theirs and t.dtype.is_floating
-            and t.shape.rank is not None and t.shape.rank >= 1 and t.shape[0] is None]
-
-
-def _present(grads: list[Any]) -> list[Any]:
-    return [g for g in grads if g is not None]
-
-
-def _reached(grads: list[Any]) -> list[bool]:
-    return [g is not None for g in grads]
-
-
-def _one(values: list[Any], reached: list[bool], k: int) -> tuple[list[Any], list[bool]]:
-    """The fetched gradient of entry ``k`` alone, in :func:`_cosine`'s form."""
-    if not reached[k]:
-        return [], [False]
-    return [values[sum(reached[:k])]], [True]
-
-
-def _cosine(a: list[Any], a_reached: list[bool], b: list[Any], b_reached: list[bool]) -> float | None:
-    """Cosine of two gradients (fetched values of the reached weights) over the weights both reach."""
-    ia, ib = iter(a), iter(b)
-    pairs = [(next(ia) if ra else None, next(ib) if rb else None) for ra, rb in zip(a_reached, b_reached, strict=True)]
-    both = [(np.ravel(x), np.ravel(y)) for x, y in pairs if x is not None and y is not None]
-    if not both:
-        return None
-    x, y = np.concatenate([p[0] for p in both]), np.concatenate([p[1] for p in both])
-    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
-    return float(x @ y) / norm if norm > 0 and math.isfinite(norm) else None
 
 
 def _key(knobs: Mapping[str, Any]) -> str:
