@@ -112,11 +112,11 @@ def test_tracker_behind_puts_telemetry_in_telemetry_json_and_loses_nothing(
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from tuner.driver import tracking
+    from tuner.driver import mlflow_sender
     from tuner.driver.tracking import TELEMETRY_FILE, Tracker
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(tracking, "_SPILL", -1)  # as if the queue were always long: every record spills
+    monkeypatch.setattr(mlflow_sender, "_SPILL", -1)  # as if the queue were always long: every record spills
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     tracker = Tracker(uri, "behind", {"model": "planted"})
     config = TrainConfig(1e-2)

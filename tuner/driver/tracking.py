@@ -1,21 +1,14 @@
 """MLflow tracking from the driver: a parent run per launch, a child run per trial, in batches.
 
-Every write goes through an ordered queue of operations that a background thread sends (about
-once a second, and at once when a trial ends), so the search loop never waits for MLflow: a slow
-or remote store does not idle a worker. When the tracking server does not answer, the operations
-stay queued, a warning is printed once, and the next send retries: nothing is lost. Metrics go in
-``log_batch`` calls of up to 1000, never one call per metric.
-
-What a large cluster needs (bench/driver_rate.py, BENCHMARKS.md): MLflow's stores cost about
-0.1 ms per metric point (SQLite; 0.2 ms on a server with PostgreSQL) and a few ms per call, and a
-record carries about 32 values, so a driver sending all of them keeps up with about 250 records/s.
-So: a run's points are sent once it has 1000 of them or its oldest is older than an interval that
-grows with the runs logging at once (about 10 calls a second in all, at least 1 s, at most 10 s);
-a trial's run is created ahead of the queue (it shows in the MLflow UI while its points wait); and when
-more than 10,000 points wait to be sent, a progress record's values other than ``loss`` go to its
-run's ``telemetry.json`` (one row per seed and step) instead of metric points, until the queue is
-short again. Nothing is dropped: every record's loss is a metric point, each of its other values
-a metric point or in a row of telemetry.json.
+The :class:`Tracker` is a Callback of the search that only listens: it maps the events it hears
+to MLflow runs, params, metrics, tags and artifacts, and hands every write to its sender
+(``tuner.driver.mlflow_sender``: an ordered queue a background thread sends, in batches, retried
+while the tracking server does not answer), so the search loop never waits for MLflow. A trial's
+run is created ahead of that queue (it shows in the MLflow UI while its points wait). While more
+than 10,000 points wait to be sent, a progress record's values other than ``loss`` go to its run's
+``telemetry.json`` (one row per seed and step) instead of metric points. Nothing is dropped: every
+record's loss is a metric point, each of its other values a metric point or in a row of
+telemetry.json.
 
 A child run gets, per seed, the telemetry of each report step (``seed0/loss``,
 ``seed0/grad_norm``, ``seed0/clip_fraction``, ``seed0/grad_norm/layer0/kernel``,
@@ -30,16 +23,14 @@ trial's run holds its final status, race seeds included.
 
 from __future__ import annotations
 
-import functools
 import logging
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from tuner.driver import mlflow_runs, mlflow_ui
+from tuner.driver.mlflow_sender import TELEMETRY_FILE, Sender, Target, first_line
 from tuner.errors import TrackingError
 from tuner.records import Forensics, NonFiniteKind, Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
 
@@ -47,12 +38,9 @@ log = logging.getLogger(__name__)
 
 _RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "FINISHED", TrialState.STOPPED: "FINISHED",
                TrialState.FAIL: "FAILED"}
-_BATCH = 1000
-_CALLS_PER_S = 10  # metric calls a second the sender aims at, however many runs log at once
-_SPILL = 10_000  # metric points waiting to be sent above which telemetry goes to telemetry.json
-TELEMETRY_FILE = "telemetry.json"
 DIVERGENCE_FILE = "divergence.json"
 DRIVER_TAG = "tuner.driver"  # the id of the launch that created a run (tuner.driver.liveness)
+__all__ = ["DIVERGENCE_FILE", "DRIVER_TAG", "TELEMETRY_FILE", "Tracker", "artifact_location", "connect"]
 
 
 def connect(uri: str) -> Any:
@@ -82,7 +70,7 @@ def artifact_location(uri: str) -> str | None:
 
 def _unreachable(uri: str, exc: BaseException) -> TrackingError:
     return TrackingError(
-        f"cannot reach the MLflow tracking store at {_redact(uri)}: {_first_line(exc)}. "
+        f"cannot reach the MLflow tracking store at {_redact(uri)}: {first_line(exc)}. "
         "Start it (mlflow server --host 127.0.0.1 --port 5000), fix --tracking-uri / "
         "MLFLOW_TRACKING_URI, or pass --no-tracking to run without MLflow"
     )
@@ -118,22 +106,11 @@ class Tracker:
             raise _unreachable(uri, exc) from exc
         self._runs: dict[int, str] = {}  # trial number -> child run id
         self._create_tried: set[int] = set()  # trials whose child run creation was sent at least once
-        self._ops: deque[Callable[[], object]] = deque()
         self._children: dict[int, dict[str, Any]] = {}  # trial number -> params of its run, not yet created
-        self._metrics: dict[int | str, list[tuple[str, float, int, int]]] = {}  # target -> (key, value, ms, step)
-        self._since: dict[int | str, float] = {}  # target -> when its oldest buffered point came
-        self._tables: dict[int | str, dict[str, list[dict[str, float]]]] = {}  # target -> seed<N> -> rows spilled
-        self._rows_in = self._rows_queued = self._rows_out = 0  # metric points buffered, queued, sent
         self._phase_runs: dict[tuple[int, str], int] = {}  # (trial, phase) -> phase runs made so far
         self._current: dict[tuple[int, str], str] = {}  # (trial, phase) -> name of its open phase run
         self._named: dict[str, str] = {}  # phase run name -> its run id
-        self._warned = False
-        self._last_queued = time.monotonic()
-        self._lock = threading.Lock()  # one sender at a time: the background thread, or flush()
-        self._wake = threading.Event()
-        self._stopping = False
-        self._sender = threading.Thread(target=self._send_loop, name="tuner-mlflow", daemon=True)
-        self._sender.start()
+        self._sender = Sender(self.client, _redact(uri), self._run_of, before=self._create_children)
 
     def _mark_experiment(self, found: Any, study: str) -> None:
         """Tag the experiment to open in the MLflow UI's training views with tuner's columns
@@ -153,22 +130,22 @@ class Tracker:
         anything); best after :meth:`flush`. While MLflow does not answer, this launch's runs alone, at once.
         """
         made = dict(self._runs)
-        if self._warned:
+        if self._sender.down:
             return made
         try:
             found = mlflow_runs.trial_runs(self.client, self.experiment_id)
         except Exception as exc:  # MLflow went away since the last send: this launch's runs are known
-            log.debug("the study's earlier runs were not looked up: %s", _first_line(exc))
+            log.debug("the study's earlier runs were not looked up: %s", first_line(exc))
             return made
         return {**found, **made}
 
     def backlog(self) -> int:
         """Metric points buffered or queued and not yet sent."""
-        return self._rows_in - self._rows_out
+        return self._sender.backlog()
 
     def behind(self) -> int:
         """Metric points queued for the sender and not yet sent (how far the store is behind)."""
-        return self._rows_queued - self._rows_out
+        return self._sender.behind()
 
     def on_trial_start(self, number: int, config: TrainConfig) -> None:
         """Note the child run to create (ahead of the queue) with its params."""
@@ -181,12 +158,12 @@ class Tracker:
         name = f"trial-{number}-{phase.value}-{self._phase_runs[key]}"
         params = {**config.flat(), "trial": number, "seeds": ",".join(map(str, seeds))}
         self._current[key] = name
-        self._ops.append(lambda: self._create_phase_run(number, phase, name, params))
+        self._sender.append(lambda: self._create_phase_run(number, phase, name, params))
 
     def on_phase_end(self, outcome: TrialOutcome) -> None:
         """Queue the phase run's summary, tags and end status."""
         name = self._current.pop((outcome.number, outcome.phase.value))
-        self._queue_target(name)
+        self._sender.queue_target(name)
         tags, metrics = {**outcome_tags(outcome), **mlflow_ui.run_labels(name, outcome)}, outcome_metrics(outcome)
         now = int(time.time() * 1000)
         points = [self._Metric(k, v, now, step) for k, v, step in mlflow_ui.divergence_points(outcome)]
@@ -197,42 +174,35 @@ class Tracker:
                                   tags=[self._Tag(k, v) for k, v in tags.items()])
             self.client.set_terminated(run_id, _RUN_STATUS[outcome.state])
 
-        self._ops.append(summary)
-        self._queue_due()
-        self._wake.set()
+        self._sender.append(summary)
+        self._sender.queue_due()
 
     def set_launch_metrics(self, metrics: Mapping[str, float]) -> None:
         """Queue metrics of the launch run (what each phase trained, say)."""
         now = int(time.time() * 1000)
         items = [self._Metric(k, float(v), now, 0) for k, v in metrics.items()]
-        self._ops.append(lambda: self.client.log_batch(self.parent_id, metrics=items))
+        self._sender.append(lambda: self.client.log_batch(self.parent_id, metrics=items))
 
     def on_trial_result(self, record: RunRecord) -> None:
         """Buffer the record's metrics (per seed) at its step, on the run of its phase; its telemetry
         goes to the run's telemetry.json instead while the queue is long (see the module docs)."""
         now, seed, step = int(time.time() * 1000), f"seed{record.seed}/", record.step
-        target: int | str = record.trial
+        target: Target = record.trial
         if record.phase is not Phase.SEARCH:
             target = self._current.get((record.trial, record.phase.value), record.trial)
-        batch = self._metrics.setdefault(target, [])
-        if not batch:
-            self._since[target] = time.monotonic()
-        before, values = len(batch), {"grad_norm": record.grad_norm, **({} if record.final else record.metrics)}
-        if _finite(record.loss):
-            batch.append((seed + "loss", float(record.loss), now, step))
-        if not record.final and self.backlog() > _SPILL:
+        values = {"grad_norm": record.grad_norm, **({} if record.final else record.metrics)}
+        points = [(seed + "loss", float(record.loss), now, step)] if _finite(record.loss) else []
+        if not record.final and self._sender.spilling():
             row = {k: float(v) for k, v in values.items() if _finite(v)}
-            self._tables.setdefault(target, {}).setdefault(f"seed{record.seed}", []).append({"step": step, **row})
+            self._sender.add_row(target, f"seed{record.seed}", {"step": step, **row})
         else:
-            batch.extend((seed + k, float(v), now, step) for k, v in values.items() if _finite(v))
-        self._rows_in += len(batch) - before
-        if time.monotonic() - self._last_queued > 0.25:
-            self._queue_due()
+            points.extend((seed + k, float(v), now, step) for k, v in values.items() if _finite(v))
+        self._sender.add(target, points)
 
     def on_trial_complete(self, outcome: TrialOutcome) -> None:
         """Queue the trial's summary, tags and end status, then flush."""
         number = outcome.number
-        self._queue_target(number)
+        self._sender.queue_target(number)
         tags = {**outcome_tags(outcome), **mlflow_ui.run_labels(f"trial-{number}", outcome)}
         metrics = outcome_metrics(outcome)
         now = int(time.time() * 1000)
@@ -245,45 +215,21 @@ class Tracker:
                 tags=[self._Tag(k, v) for k, v in tags.items()],
             )
 
-        self._ops.append(summary)
+        self._sender.append(summary)
         doc = divergence_doc(outcome)
         if doc is not None:
-            self._ops.append(lambda: self.client.log_dict(self._runs[number], doc, DIVERGENCE_FILE))
-        self._ops.append(lambda: self.client.set_terminated(self._runs[number], status))
-        self._queue_due()
-        self._wake.set()
+            self._sender.append(lambda: self.client.log_dict(self._runs[number], doc, DIVERGENCE_FILE))
+        self._sender.append(lambda: self.client.set_terminated(self._runs[number], status))
+        self._sender.queue_due()
 
     def set_launch_tags(self, tags: Mapping[str, str]) -> None:
         """Queue tags on the parent run (what the data preflight skipped, say)."""
         items = [self._Tag(k, str(v)[:5000]) for k, v in tags.items()]
-        self._ops.append(lambda: self.client.log_batch(self.parent_id, tags=items))
+        self._sender.append(lambda: self.client.log_batch(self.parent_id, tags=items))
 
     def flush(self) -> bool:
         """Send every queued operation now, in order (waiting for the background sender); True if all went."""
-        self._queue_metrics()
-        return self._send()
-
-    def _send(self) -> bool:
-        """Send queued operations in order (trials' runs created first); on failure keep the rest and
-        warn once. The lock is taken per operation, so that ``close_orphans`` waits for one at most."""
-        while True:
-            with self._lock:
-                try:
-                    self._create_children()
-                    if not self._ops:
-                        break
-                    self._ops[0]()
-                except Exception as exc:  # the server went away: keep the op, retry on the next send
-                    if not self._warned:
-                        log.warning("MLflow at %s is not answering (%s); buffering and retrying",
-                                    _redact(self.uri), _first_line(exc))
-                        self._warned = True
-                    return False
-                self._ops.popleft()
-        if self._warned:
-            log.warning("MLflow at %s answers again; the buffered records are logged", _redact(self.uri))
-            self._warned = False
-        return True
+        return self._sender.flush()
 
     def _create_children(self) -> None:
         """Create the trials' runs noted by on_trial_start, oldest first (under the lock)."""
@@ -291,14 +237,6 @@ class Tracker:
             number, params = next(iter(self._children.items()))
             self._create_child(number, params)
             del self._children[number]
-
-    def _send_loop(self) -> None:
-        """The background sender: the queue about once a second, or at once when woken."""
-        while not self._stopping:
-            self._wake.wait(timeout=1.0)
-            self._wake.clear()
-            if not self._stopping:
-                self._send()
 
     def close(self, status: str = "FINISHED", summary: Mapping[str, float] | None = None,
               artifacts: tuple[str, ...] = (), wait: float = 30.0) -> None:
@@ -312,16 +250,7 @@ class Tracker:
                 self.client.log_artifact(self.parent_id, path)
             self.client.set_terminated(self.parent_id, status)
 
-        self._queue_metrics()  # with the telemetry.json of runs still open (an interrupted launch)
-        self._ops.append(end)
-        self._stopping = True
-        self._wake.set()
-        self._sender.join()
-        deadline = time.monotonic() + wait
-        while not self.flush() and time.monotonic() < deadline:
-            time.sleep(1.0)
-        if self._ops:
-            log.warning("MLflow did not come back: %d queued operations were not logged", len(self._ops))
+        self._sender.close(end, wait)
 
     def close_orphans(self, study: Any, live: Collection[str] = ()) -> int:
         """Close the runs dead drivers left RUNNING, each with the status of its Optuna trial.
@@ -332,7 +261,7 @@ class Tracker:
         Returns:
             How many runs were closed.
         """
-        with self._lock:
+        with self._sender.lock:
             return self._close_orphans(study, set(live))
 
     def _close_orphans(self, study: Any, live: set[str]) -> int:
@@ -413,38 +342,8 @@ class Tracker:
         runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=1)
         return runs[0].info.run_id if runs else None
 
-    def _queue_metrics(self) -> None:
-        """Queue every run's buffered metrics and spilled telemetry (from the search loop's thread only)."""
-        for target in [*self._metrics, *self._tables]:
-            self._queue_target(target)
-
-    def _queue_due(self) -> None:
-        """Queue the metrics of the runs with 1000 points or whose oldest point is older than the
-        interval (about ``_CALLS_PER_S`` calls a second in all); wake the sender."""
-        now = time.monotonic()
-        self._last_queued = now
-        interval = min(10.0, max(1.0, len(self._metrics) / _CALLS_PER_S))
-        for target, batch in list(self._metrics.items()):
-            if len(batch) >= _BATCH or now - self._since[target] >= interval:
-                self._queue_target(target, tables=False)
-        self._wake.set()
-
-    def _queue_target(self, target: int | str, tables: bool = True) -> None:
-        """Queue one run's buffered metrics (and, at its end, its spilled telemetry)."""
-        metrics = self._metrics.pop(target, [])
-        self._rows_queued += len(metrics)
-        for start in range(0, len(metrics), _BATCH):
-            self._ops.append(functools.partial(self._log_metrics, target, metrics[start : start + _BATCH]))
-        doc = self._tables.pop(target, None) if tables else None
-        if doc:
-            self._ops.append(lambda: self.client.log_dict(self._run_of(target), doc, TELEMETRY_FILE))
-
-    def _run_of(self, target: int | str) -> str:
+    def _run_of(self, target: Target) -> str:
         return self._named[target] if isinstance(target, str) else self._runs[target]
-
-    def _log_metrics(self, target: int | str, metrics: list[tuple[str, float, int, int]]) -> None:
-        self.client.log_batch(self._run_of(target), metrics=[self._Metric(*m) for m in metrics])
-        self._rows_out += len(metrics)
 
     def _create_phase_run(self, number: int, phase: Phase, name: str, params: Mapping[str, Any]) -> None:
         """Create a phase run, nested under the trial's run (or under the launch run if the trial
@@ -531,14 +430,6 @@ def outcome_metrics(outcome: TrialOutcome) -> dict[str, float]:
 
 def _finite(value: float | None) -> TypeGuard[float]:
     return value is not None and value == value and abs(value) != float("inf")
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first line of an exception's text, passwords masked (MLflow's quote the URL)."""
-    from tuner.masking import mask
-
-    text = str(exc).strip().splitlines()
-    return mask(text[0][:300] if text else type(exc).__name__)
 
 
 def _redact(uri: str) -> str:
