@@ -209,13 +209,16 @@ def test_search_survivor_is_complete_with_mean_val_loss() -> None:
     assert sorted(trial.intermediate_values) == list(range(20, 201, 20))
 
 
-def test_search_pruned_trial_reports_last_step_it_reached() -> None:
+def test_search_diverged_trial_reports_nan_at_its_divergence_step_and_has_no_value() -> None:
     search = make_search(1, FakeExecutor(), optuna.samplers.RandomSampler(seed=0))
     search.study.enqueue_trial({"learning_rate": 0.005 / 0.8 * 10})  # diverges at 80 or 81
     search.run()
     trial = search.study.trials[0]
     assert trial.state == optuna.trial.TrialState.PRUNED
-    assert max(trial.intermediate_values) == read(trial).divergence_step - 1
+    step, value = max(trial.intermediate_values.items())
+    assert step == read(trial).divergence_step and math.isnan(value)  # TPE ranks it by that step
+    assert all(math.isfinite(v) for s, v in trial.intermediate_values.items() if s < step)
+    assert trial.value is None  # no training loss shown on the val_loss axis
 
 
 def test_search_failed_seed_fails_trial_with_reason_and_goes_on() -> None:
@@ -277,6 +280,8 @@ def test_search_race_seed_divergence_prunes_the_trial_and_tpe_is_told() -> None:
     assert outcome.divergence is not None and outcome.divergence.seed in bad and outcome.divergence.step == 150
     assert read(trial).divergence_step == 150
     assert search.compute.runs["race"] == 2  # it never got to the 4 seeds of the last level
+    step, value = max(trial.intermediate_values.items())  # after the search seeds' reports up to 200
+    assert step == 201 and math.isnan(value) and trial.value is None
 
 
 def test_search_races_only_a_trial_that_could_become_the_best() -> None:

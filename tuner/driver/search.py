@@ -5,8 +5,9 @@ A trial is one config on K seeds, run in parallel. How a trial ends (see README,
 - every seed reached the budget: COMPLETE, with the validation loss averaged over seeds;
 - a seed went non-finite at step s: each sibling is cancelled once it has passed step s (or ended
   by itself), so a sibling that would diverge before s does, and the trial's earliest divergence
-  does not depend on which worker ran faster; the last step reached is reported as an
-  intermediate value (TPE ranks pruned trials by it) and the trial is PRUNED;
+  does not depend on which worker ran faster; NaN is reported as the intermediate value at that
+  step (TPE ranks pruned trials by their last reported step; the trial gets no value) and the trial
+  is PRUNED;
 - a seed failed (model error, or its worker died more than ``max_retries`` times): FAIL.
 
 A trial's seeds come from the study's seed stream (``tuner.driver.evidence.SeedStream``), not 0..K-1
@@ -404,11 +405,15 @@ class Search:
 
     @staticmethod
     def _report_divergence(active: _Trial, outcome: TrialOutcome) -> None:
-        """Report the last finite step, so TPE ranks this trial by how long it survived."""
+        """Report NaN at the divergence step: TPE ranks a pruned trial by its last reported step, so
+        by how long it survived, and Optuna gives a PRUNED trial whose last value is NaN no value,
+        so a diverged trial's training loss is not shown as its validation loss (optuna-dashboard's
+        history and slice plots draw trials' values on the val_loss axis)."""
         first = outcome.divergence
         assert first is not None  # a PRUNED outcome always has a diverged seed
-        if first.last_finite_loss is not None and first.steps_survived not in active.reported:
-            active.trial.report(first.last_finite_loss, first.steps_survived)
+        # a seed of a race diverges after the search's seeds all reported up to the budget: the NaN
+        # then goes after the last report, so that it is the last value (the record keeps the step)
+        active.trial.report(float("nan"), max(first.step, max(active.reported, default=0) + 1))
 
 
 @dataclass
