@@ -36,6 +36,32 @@ def test_is_enqueued_counts_a_trial_as_enqueued_when_optunas_storage_is_unreadab
     assert "counted as enqueued" in caplog.text
 
 
+def test_save_trial_note_writes_the_note_optuna_dashboard_reads_back() -> None:
+    from optuna_dashboard import get_note
+
+    study = optuna.create_study()
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert hooks.save_trial_note(study, 1, "**first**", version=1)
+    assert hooks.save_trial_note(study, 1, "second, *longer* than the first", version=2)
+    trial = optuna.Trial(study, study.trials[1]._trial_id)
+    assert get_note(trial) == "second, *longer* than the first"
+    assert get_note(optuna.Trial(study, study.trials[0]._trial_id)) == ""
+    assert not hooks.save_trial_note(study, 1, "x" * 2046, version=3)  # over one chunk: not saved, not cut
+    assert get_note(trial) == "second, *longer* than the first"
+
+
+def test_save_trial_note_does_nothing_without_optuna_dashboards_note_format(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    study = optuna.create_study()
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    monkeypatch.setitem(sys.modules, "optuna_dashboard._note", None)  # not installed, or the module moved
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert hooks.save_trial_note(study, 0, "note", version=1) is False
+    assert "no optuna-dashboard note for trial 0" in caplog.text
+    assert not any(k.startswith("dashboard:") for k in study._storage.get_study_system_attrs(study._study_id))
+
+
 @pytest.mark.ray
 def test_stop_ray_monitor_does_nothing_when_rays_node_internals_are_gone(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture

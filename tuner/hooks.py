@@ -15,6 +15,9 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
   was enqueued (its ``fixed_params`` system attribute; ``Trial.system_attrs`` is gone from the
   public API). Without it every trial counts as enqueued: a resumed study trains a repeated config
   again instead of skipping it (``tuner.driver.search``).
+- :func:`save_trial_note`: optuna-dashboard's note format (``optuna_dashboard._note``), to write a
+  trial's note without reading every other note back first (its ``save_note`` does, per note).
+  Without it, or without optuna-dashboard, trials have no note (``tuner.driver.dashboard``).
 - :func:`stop_ray_monitor`: Ray's ``ray._private.worker._global_node`` and its processes, to kill
   the embedded cluster's autoscaler monitor before ``ray.shutdown``. Without it the shutdown
   takes a second longer.
@@ -160,3 +163,31 @@ def stop_ray_monitor() -> None:
             info.process.wait(timeout=5)
     except Exception as exc:  # the shutdown goes on without it
         log.debug("could not stop the autoscaler monitor first: %s", exc)
+
+
+def save_trial_note(study: Any, number: int, body: str, version: int) -> bool:
+    """Save ``body`` (Markdown, at most one chunk: 2045 characters) as optuna-dashboard's note of trial
+    ``number`` of ``study``, at note ``version`` (1, 2, ...: the dashboard's editor refuses to save
+    over a newer version); False if it could not.
+
+    optuna-dashboard's public ``save_note`` reads every study system attr (all trials' notes) twice
+    per note, so a study of n trials pays O(n^2). This writes the two system attrs its note format
+    (``optuna_dashboard._note``: a version key and numbered chunks) uses for a note of one chunk,
+    reading nothing. Fails open: without optuna-dashboard, or with another note format, no note
+    (said at debug level).
+    """
+    try:
+        from optuna_dashboard._note import SYSTEM_ATTR_MAX_LENGTH, note_ver_key, split_body
+    except ImportError as exc:
+        log.debug("no optuna-dashboard note for trial %d: %s", number, exc)
+        return False
+    if len(body) > SYSTEM_ATTR_MAX_LENGTH:
+        log.debug("trial %d's note is longer than one chunk (%d > %d): not saved", number, len(body),
+                  SYSTEM_ATTR_MAX_LENGTH)
+        return False
+    storage, study_id = study._storage, study._study_id
+    trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+    for key, chunk in split_body(body, trial_id).items():
+        storage.set_study_system_attr(study_id, key, chunk)
+    storage.set_study_system_attr(study_id, note_ver_key(trial_id), version)
+    return True

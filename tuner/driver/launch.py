@@ -38,7 +38,7 @@ METRIC = "val_loss"  # the objective's name in Optuna: a COMPLETE trial's valida
 def launch(config: LaunchConfig) -> dict[str, Any]:
     """Run one launch end to end; return the best-config document that was written."""
 
-    from tuner.driver import studyrecord
+    from tuner.driver import dashboard, studyrecord
     from tuner.driver.executor import RayExecutor
     from tuner.driver.export import best_config, write_best
     from tuner.driver.progress import ProgressView, summary_table
@@ -75,7 +75,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
                         race_seeds=config.race_seeds, prune_from=prune_start(config.pruner, config.steps))
         with ProgressView(todo, live=config.live, console=console, keys=shown_knobs(space),
                           steps=config.steps) as view:
-            callbacks = [c for c in (tracker, view) if c is not None]
+            callbacks = [c for c in (tracker, view, dashboard.Notes(study)) if c is not None]
             search = Search(study, space, config.model, executor, budget, callbacks, skip=skip, stream=stream,
                             liveness=liveness)
             liveness.say = executor.say = view.say
@@ -85,6 +85,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             if config.verify_seeds > 0:
                 raced = budget.race_seeds if budget.race_levels() else 0
                 verify_study(study, runner, verification_plan(config), stream, raced, say=view.say)
+                dashboard.refresh(study)
         # the cluster is not needed any more: it shuts down while the results are written
         closing = threading.Thread(target=executor.close, name="tuner-ray-shutdown")
         closing.start()

@@ -1,0 +1,103 @@
+"""The note optuna-dashboard shows on each trial: its record as a person reads it, in Markdown.
+
+optuna-dashboard lists a trial's user attrs one line each, a mapping as JSON cut at 1024
+characters, so the ``tuner.trial`` record (for programs: ``tuner.driver.trialrecord``) reads as one
+wide, truncated line. A trial's note (Markdown, shown on the trial's page) says what the terminal
+says of it: how it ended and where it went non-finite, each seed's run, its verification and
+margin, and its config as the YAML best_config.yaml would hold.
+
+:class:`Notes` is a search callback (it only listens): it writes a trial's note once the trial is
+told. A config is verified after its trial was told, so :func:`refresh` writes the notes of the
+verified trials again. Both write through :func:`tuner.hooks.save_trial_note` (no note without
+optuna-dashboard installed).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from tuner.driver.trialrecord import ATTR, TrialRecord, study_records
+from tuner.driver.views import best_yaml, seeds_text, status_text, steps_text
+from tuner.hooks import save_trial_note
+from tuner.records import TrialOutcome, TrialState
+
+log = logging.getLogger(__name__)
+MAX_CHARS = 2045  # one chunk of optuna-dashboard's note format (tuner.hooks.save_trial_note)
+
+
+def note(record: TrialRecord) -> str:
+    """The Markdown note of a finished trial, at most ``MAX_CHARS`` characters (seed rows left out
+    past that, with how many)."""
+    head = [f"### Trial {record.number}: {headline(record)}", ""]
+    facts = [f"- seeds {seeds_text(record)}, steps survived: {steps_text(record)}"]
+    if record.verification is not None:
+        facts.append(f"- verified on fresh seeds: {record.verification.text()}"
+                     + (" (exported: best_config.yaml)" if record.chosen else ""))
+    if record.margin is not None:
+        facts.append(f"- survives up to {record.margin.lr_factor:g}x its learning rate")
+    if record.reason and record.state is not TrialState.PRUNED:
+        facts.append(f"- {record.reason.splitlines()[0][:300]}")
+    rows = [f"| {s.seed} | {s.phase} | {s.text().split(': ', 1)[1]} |" for s in record.seeds]
+    config = ["", "config:", "", "```yaml", best_yaml(record.config), "```"]
+    table = ["", "| seed | phase | how it ended |", "|---|---|---|"]
+
+    def text(shown: int) -> str:
+        left = len(rows) - shown
+        more = [f"| ... | | {left} more (the trial's `{ATTR}` attribute has them all) |"] if left else []
+        return "\n".join([*head, *facts, *table, *rows[:shown], *more, *config])
+
+    shown = len(rows)
+    while shown > 0 and len(text(shown)) > MAX_CHARS:
+        shown -= 1
+    return text(shown)[:MAX_CHARS]
+
+
+def headline(record: TrialRecord) -> str:
+    """``diverged at step 109 (loss, iter_2/recompute_input/Log, seed 7)`` / ``survived, val loss 0.0362``."""
+    first = record.divergence
+    if record.state is TrialState.PRUNED and first is not None:
+        detail = ", ".join(x for x in (first.diverged_on, f"`{first.op}`" if first.op else None,
+                                       f"seed {first.seed}", "a race seed" if first.phase == "race" else None) if x)
+        return f"diverged at step {first.step} ({detail})"
+    text = status_text(record)
+    if record.state is TrialState.STOPPED and record.stopped_at is not None:
+        text += f" by the pruner at step {record.stopped_at}"
+    if record.value is not None and record.state is TrialState.COMPLETE:
+        text += f", val loss {record.value:.4g}"
+    return text
+
+
+class Notes:
+    """Writes each trial's note when the search tells it (see the module docs)."""
+
+    def __init__(self, study: Any) -> None:
+        self.study = study
+
+    def on_trial_start(self, *args: Any) -> None:
+        """Nothing to note yet."""
+
+    def on_trial_result(self, record: Any) -> None:
+        """Nothing to note per record."""
+
+    def on_phase_start(self, *args: Any) -> None:
+        """Nothing to note."""
+
+    def on_phase_end(self, outcome: TrialOutcome) -> None:
+        """Nothing to note: the trial's end notes its race levels."""
+
+    def on_trial_complete(self, outcome: TrialOutcome) -> None:
+        """Write the told trial's note from its record in the study."""
+        storage, study_id = self.study._storage, self.study._study_id
+        trial = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study_id, outcome.number))
+        doc = trial.user_attrs.get(ATTR)
+        if doc is not None:
+            save_trial_note(self.study, outcome.number, note(TrialRecord.from_dict(doc)), version=1)
+
+
+def refresh(study: Any) -> None:
+    """Write the notes of the study's verified trials again, with what the study learned of them
+    since they were told (verification, margin, the choice)."""
+    for record in study_records(study):
+        if record.verification is not None or record.margin is not None or record.chosen:
+            save_trial_note(study, record.number, note(record), version=2)
