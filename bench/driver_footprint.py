@@ -74,7 +74,7 @@ def record_costs(trials: int = 8, reports: int = 24, metrics: int = 30) -> dict[
         tracker = Tracker(uri, "cost", {})
         started = time.process_time()
         for trial in range(trials):
-            tracker.on_trial_start(trial, TrainConfig(1e-3))
+            tracker.on_trial_start(trial, TrainConfig(1e-3), (0, 1))
             for step in range(1, reports + 1):
                 for seed in (0, 1):
                     tracker.on_trial_result(RunRecord(trial, seed, step, RunStatus.RUNNING, 1.0, 1.0,

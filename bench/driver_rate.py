@@ -18,9 +18,10 @@ tracker. The driver *sustains* the rate when
   one second's records; points a run buffers until its next call do not count), and its last
   writes take under ``--max-drain`` seconds once the records stop (a run's points wait up to 10 s to
   be sent in one call);
-- nothing is lost: every record handled is in MLflow: its ``seed<N>/loss`` as a metric point at its
-  step, its ``grad_norm`` and telemetry values each as a metric point or in a row of the run's
-  ``telemetry.json`` (where the tracker puts them while its queue is long), each exactly once
+- nothing is lost: every record handled is in MLflow: its ``s<i>/loss`` (i the seed's position in
+  the run's ``seeds`` param) as a metric point at its step, its ``grad_norm`` and telemetry values
+  each as a metric point or in a row of the run's ``telemetry.json`` (where the tracker puts them
+  while its queue is long), each exactly once
   (checked for ``grad_norm`` and one telemetry key, ``grad_norm/layer0/kernel``, on every run).
 
 The search for the highest rate doubles from ``--start`` until a rate is not sustained, then
@@ -334,21 +335,24 @@ def check_nothing_lost(tracker: Any, executor: SimExecutor) -> dict[str, int]:
     """
     client = tracker.client
     runs = client.search_runs([tracker.experiment_id], max_results=50000)
-    by_trial = {int(r.data.tags["trial"]): r.info.run_id for r in runs if r.data.tags.get("trial") is not None
+    by_trial = {int(r.data.tags["trial"]): r for r in runs if r.data.tags.get("trial") is not None
                 and r.data.tags.get("phase", "search") == "search"}
     expected = lost = extra = spilled = 0
     per_trial: dict[int, dict[int, list[tuple[int, bool, bool]]]] = {}
     for (trial, seed), items in executor.handled.items():
         per_trial.setdefault(trial, {})[seed] = items
     for trial, seeds in per_trial.items():
-        run_id = by_trial.get(trial)
+        run = by_trial.get(trial)
+        run_id = run.info.run_id if run else None
         table_doc = _telemetry_table(client, run_id) if run_id else {}
+        positions = run.data.params.get("seeds", "").split(",") if run else []  # the run's seeds: s0, s1, ...
         for seed, items in seeds.items():
+            name = f"s{positions.index(str(seed))}" if str(seed) in positions else None
             for key, flag in (("loss", 1), ("grad_norm", 1), (KEY, 2)):  # grad_norm: finite whenever loss is
                 want = [item[0] for item in items if item[flag]]  # the steps whose records carried it
-                got = [m.step for m in client.get_metric_history(run_id, f"seed{seed}/{key}")] if run_id else []
+                got = [m.step for m in client.get_metric_history(run_id, f"{name}/{key}")] if name else []
                 if key != "loss":
-                    in_table = [row["step"] for row in table_doc.get(f"seed{seed}", []) if key in row]
+                    in_table = [row["step"] for row in table_doc.get(name, []) if key in row] if name else []
                     spilled += len(in_table) if key == KEY else 0
                     got += in_table
                 expected += len(want)
@@ -527,10 +531,10 @@ def _cluster_launch(address: str, tmp: str, env: dict[str, str], args: argparse.
     records = 0
     for run in runs:
         seeds = [s for s in run.data.tags.get("seeds", "").split(",") if s]
-        for seed in seeds:
-            node = run.data.tags.get(f"seed{seed}.node_id", "unknown")
+        for position in range(len(seeds)):  # a seed's metrics and tags are named by its position: s0, s1, ...
+            node = run.data.tags.get(f"s{position}.node_id", "unknown")
             placement[node] = placement.get(node, 0) + 1
-            records += len(client.get_metric_history(run.info.run_id, f"seed{seed}/loss"))
+            records += len(client.get_metric_history(run.info.run_id, f"s{position}/loss"))
     return {"wall": wall, "runs": sum(placement.values()), "placement": placement, "records": records,
             "records_per_s": records / wall, "trials": len(runs)}
 

@@ -44,7 +44,7 @@ class Clock:
     def __init__(self) -> None:
         self.arrivals: list[tuple[float, Any]] = []  # (perf_counter seconds, RunRecord)
 
-    def on_trial_start(self, number: int, config: Any) -> None:
+    def on_trial_start(self, number: int, config: Any, seeds: Any) -> None:
         """Nothing to time."""
 
     def on_trial_result(self, record: Any) -> None:

@@ -38,7 +38,7 @@ def test_repair_fails_only_the_dead_drivers_trials_and_runs(tmp_path: Path) -> N
         trials[name] = studies[name].ask(LR)
         drivers[name].claim(trials[name])
         trackers[name] = Tracker(uri, "s", {}, driver=drivers[name].driver)
-        trackers[name].on_trial_start(trials[name].number, TrainConfig(1e-3))
+        trackers[name].on_trial_start(trials[name].number, TrainConfig(1e-3), (0, 1))
         assert trackers[name].flush()
     drivers["dead"].stop()  # killed: no more heartbeats
     time.sleep(3.0)  # past the grace period; the live driver beats every second

@@ -31,7 +31,7 @@ def test_own_runs_are_the_trials_search_runs_the_latest_started_of_a_number() ->
 def finished(tracker: Any, number: int, config: TrainConfig) -> None:
     """Trial ``number`` starts, reports once and ends, heard as the search tells a callback."""
     final = RunRecord(number, 7, 10, RunStatus.SURVIVED, final=True, steps_survived=10, val_loss=0.5)
-    tracker.on_trial_start(number, config)
+    tracker.on_trial_start(number, config, (7,))
     tracker.on_trial_result(final)
     tracker.on_trial_complete(TrialOutcome(number, config, TrialState.COMPLETE, (final,), value=0.5))
 

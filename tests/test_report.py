@@ -251,15 +251,16 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
     for run in (r for r in runs if "trial" in r.data.tags):
         tags, metrics = run.data.tags, run.data.metrics
         telemetry = ("grad_norm/w", "clip_fraction", "clipped", "loss_spikes", "grad_norm_p99", "grad_norm_max")
+        seeds = tags["seeds"].split(",")  # the run's seed values, by position (s0, s1, ...)
         if statuses[int(tags["trial"])] == "survived":
-            assert {f"seed{s}/{m}" for s in tags["seeds"].split(",") for m in telemetry} <= set(metrics)
+            assert {f"s{i}/{m}" for i in range(len(seeds)) for m in telemetry} <= set(metrics)
             continue
         assert tags["divergence_step"] == "40"
         assert (tags["first_nonfinite_op"], tags["first_nonfinite_kind"]) == ("iter_1/hazard/Log", "forward")
         doc = json.loads(Path(client.download_artifacts(run.info.run_id, "divergence.json", str(tmp_path)))
                          .read_text())
         assert doc["step"] == 40 and [p["step"] for p in doc["report_points"]] == [10, 20, 30]
-        assert {f"seed{doc['seed']}/{m}" for m in telemetry} <= set(metrics)  # the diverged seed's
+        assert {f"s{seeds.index(str(doc['seed']))}/{m}" for m in telemetry} <= set(metrics)  # the diverged seed's
 
     report_dir = tmp_path / "report"
     result = run_tuner(["report", "--study", "s", "--storage", storage, "--tracking-uri", tracking,

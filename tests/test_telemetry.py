@@ -84,7 +84,7 @@ def test_tracker_logs_telemetry_forensics_tags_and_divergence_json(tmp_path: Pat
     knobs = {k: v.default for k, v in model.knobs.items()} | {"fault": "log", "bad_step": 33}
     config = TrainConfig(1e-2, clip_norm=0.1, knobs=knobs)
     tracker = Tracker(f"sqlite:///{tmp_path / 'm.db'}", "tele", {"model": "planted"})
-    tracker.on_trial_start(0, config)
+    tracker.on_trial_start(0, config, (0,))
     records = list(train_run(model, model.data(knobs), RunSpec(0, 0, "planted", config, 60, 10)))
     for record in records:
         tracker.on_trial_result(record)
@@ -97,9 +97,9 @@ def test_tracker_logs_telemetry_forensics_tags_and_divergence_json(tmp_path: Pat
     assert (tags["first_nonfinite_op"], tags["first_nonfinite_kind"]) == ("iter_1/hazard/Log", "forward")
     assert (tags["first_nonfinite_iteration"], tags["divergence_cause"]) == ("1", "model")
     assert tags["divergence_step"] == "33"
-    history = client.get_metric_history(run.info.run_id, "seed0/grad_norm/w")
+    history = client.get_metric_history(run.info.run_id, "s0/grad_norm/w")
     assert [m.step for m in history] == [10, 20, 30]
-    assert {"seed0/clip_fraction", "seed0/clipped", "seed0/loss_spikes", "seed0/grad_norm_p90"} <= set(run.data.metrics)
+    assert {"s0/clip_fraction", "s0/clipped", "s0/loss_spikes", "s0/grad_norm_p90"} <= set(run.data.metrics)
     path = client.download_artifacts(run.info.run_id, "divergence.json", str(tmp_path))
     doc = json.loads(Path(path).read_text())
     assert (doc["step"], doc["op"], doc["seed"], doc["diverged_on"]) == (33, "iter_1/hazard/Log", 0, "loss")

@@ -1,16 +1,18 @@
-"""MLflow tracking through a store that loses answers (retries log everything once, nothing twice), and
-behind a store slower than the records (telemetry in telemetry.json, nothing lost)."""
+"""MLflow tracking through a store that loses answers (retries log everything once, nothing twice),
+behind a store slower than the records (telemetry in telemetry.json, nothing lost), and the names of
+per-seed metrics (by the seed's position in its run, the same in every run)."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tuner.records import RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
+from tuner.records import Phase, RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
 
 
 def lose_first_answer(method: Callable[..., Any], lost: list[str]) -> Callable[..., Any]:
@@ -40,7 +42,7 @@ def test_tracker_retries_after_lost_answers_make_one_run_per_trial(
     for name in ("create_run", "log_batch", "set_terminated"):
         monkeypatch.setattr(tracker.client, name, lose_first_answer(getattr(tracker.client, name), lost))
     config = TrainConfig(1e-2)
-    tracker.on_trial_start(0, config)
+    tracker.on_trial_start(0, config, (0,))
     records = [RunRecord(0, 0, step, RunStatus.RUNNING, loss=1.0 / step) for step in (10, 20, 30)]
     final = RunRecord(0, 0, 30, RunStatus.SURVIVED, final=True, steps_survived=30, val_loss=0.5)
     for record in [*records, final]:
@@ -56,7 +58,7 @@ def test_tracker_retries_after_lost_answers_make_one_run_per_trial(
     run = children[0]
     assert (run.data.tags["status"], run.info.status) == ("survived", "FINISHED")
     assert run.data.params["learning_rate"] == "0.01"
-    history = client.get_metric_history(run.info.run_id, "seed0/loss")
+    history = client.get_metric_history(run.info.run_id, "s0/loss")
     assert [m.step for m in history] == [10, 20, 30]  # once each, though a batch was sent twice
 
 
@@ -84,8 +86,8 @@ def test_restart_closes_a_dead_drivers_runs_and_logs_the_trial_it_never_logged(
     killed.claim(running)
     killed.claim(unlogged)
     dead = Tracker(uri, "s", {"model": "planted"}, driver=killed.driver)
-    dead.on_trial_start(done.number, TrainConfig(1e-3))
-    dead.on_trial_start(running.number, TrainConfig(2e-3))
+    dead.on_trial_start(done.number, TrainConfig(1e-3), (0, 1))
+    dead.on_trial_start(running.number, TrainConfig(2e-3), (0, 1))
     assert dead.flush()  # ... and it was killed before it logged the third trial
     killed.stop()
     time.sleep(4.5)  # the grace period passes without a heartbeat (with a margin: it failed once under load at 2.5)
@@ -121,7 +123,7 @@ def test_tracker_behind_puts_telemetry_in_telemetry_json_and_loses_nothing(
     tracker = Tracker(uri, "behind", {"model": "planted"})
     config = TrainConfig(1e-2)
     for number in (0, 1):  # trial 1 is still running when the tracker closes (an interrupted launch)
-        tracker.on_trial_start(number, config)
+        tracker.on_trial_start(number, config, (7,))
         for step in (10, 20, 30):
             tracker.on_trial_result(RunRecord(number, 7, step, RunStatus.RUNNING, loss=1.0 / step, grad_norm=2.0,
                                               metrics={"grad_norm/w": float(step), "clip_fraction": float("nan")}))
@@ -135,11 +137,69 @@ def test_tracker_behind_puts_telemetry_in_telemetry_json_and_loses_nothing(
     runs = {r.data.tags["trial"]: r.info.run_id for r in client.search_runs([tracker.experiment_id])
             if "trial" in r.data.tags}
     for trial, run_id in runs.items():
-        assert [m.step for m in client.get_metric_history(run_id, "seed7/loss")] == [10, 20, 30] + (
+        assert [m.step for m in client.get_metric_history(run_id, "s0/loss")] == [10, 20, 30] + (
             [30] if trial == "0" else [])  # every record's loss is a metric point
-        assert client.get_metric_history(run_id, "seed7/grad_norm/w") == []
+        assert client.get_metric_history(run_id, "s0/grad_norm/w") == []
         path = client.download_artifacts(run_id, TELEMETRY_FILE, str(tmp_path / trial))
-        rows = json.loads(Path(path).read_text())["seed7"]
+        rows = json.loads(Path(path).read_text())["s0"]  # seed 7, the run's first
         assert rows == [{"step": s, "grad_norm": 2.0, "grad_norm/w": float(s)} for s in (10, 20, 30)]  # NaN left out
-    history = client.get_metric_history(runs["0"], "seed7/grad_norm")
+    history = client.get_metric_history(runs["0"], "s0/grad_norm")
     assert [(m.step, m.value) for m in history] == [(30, 1.5)]  # a final record's values stay metric points
+
+
+def seed_run(number: int, seed: int, val_loss: float, phase: Phase = Phase.SEARCH) -> list[RunRecord]:
+    """A seed run's records: two progress records with telemetry, then its final record (on node-<seed>)."""
+    progress = [RunRecord(number, seed, step, RunStatus.RUNNING, loss=1.0 / step, grad_norm=2.0,
+                          metrics={"grad_norm/w": float(step)}, phase=phase) for step in (10, 20)]
+    final = RunRecord(number, seed, 20, RunStatus.SURVIVED, final=True, steps_survived=20, val_loss=val_loss,
+                      metrics={"grad_norm_max": 3.0}, info={"node_id": f"node-{seed}"}, phase=phase)
+    return [*progress, final]
+
+
+def test_per_seed_metrics_are_named_by_position_so_every_run_has_the_same_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two trials on different seed values (the study's seed stream) log the same metric and tag keys;
+    a run's ``seeds`` tag and param give the value at each position, races numbered in their own runs."""
+    from mlflow.tracking import MlflowClient
+
+    from tuner.driver.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)
+    uri, config = f"sqlite:///{tmp_path / 'm.db'}", TrainConfig(1e-2)
+    tracker = Tracker(uri, "positions", {"model": "planted"})
+    seeds = {0: (11, 12), 1: (22, 21)}  # trial 1's first seed is the larger: a position is not a rank
+    losses = {11: 0.5, 12: 0.6, 22: 0.7, 21: 0.8, 31: 0.4, 32: 0.3}
+    for number, (first, second) in seeds.items():
+        tracker.on_trial_start(number, config, (first, second))
+        runs = [seed_run(number, seed, losses[seed]) for seed in (second, first)]  # the second seed reports first
+        for record in [r for records in zip(*runs, strict=True) for r in records]:
+            tracker.on_trial_result(record)
+    finals = {number: tuple(seed_run(number, s, losses[s])[-1] for s in pair) for number, pair in seeds.items()}
+    tracker.on_phase_start(0, Phase.RACE, config, (31, 32))  # trial 0 races on two more seeds
+    race = [seed_run(0, seed, losses[seed], Phase.RACE) for seed in (31, 32)]
+    for record in [*race[0], *race[1]]:
+        tracker.on_trial_result(record)
+    raced = (race[0][-1], race[1][-1])
+    tracker.on_phase_end(TrialOutcome(0, config, TrialState.COMPLETE, raced, value=0.35, phase=Phase.RACE))
+    tracker.on_trial_complete(TrialOutcome(0, config, TrialState.COMPLETE, finals[0] + raced, value=0.45))
+    tracker.on_trial_complete(TrialOutcome(1, config, TrialState.COMPLETE, finals[1], value=0.75))
+    tracker.close()
+
+    client = MlflowClient(uri)
+    found = client.search_runs([tracker.experiment_id])
+    runs = {(r.data.tags["trial"], r.data.tags["phase"]): r for r in found if "trial" in r.data.tags}
+    trial0, trial1, race_run = runs["0", "search"], runs["1", "search"], runs["0", "race"]
+    per_seed = {"s0", "s1"}
+    assert {k.split("/")[0] for k in trial1.data.metrics if "/" in k} == per_seed
+    assert set(trial1.data.metrics) == set(race_run.data.metrics)  # the same columns, whatever the seed values
+    assert {k for k in trial1.data.tags if k.endswith(".node_id")} == {"s0.node_id", "s1.node_id"}
+    assert (trial1.data.tags["seeds"], trial1.data.params["seeds"]) == ("22,21", "22,21")
+    assert trial1.data.metrics["s0/val_loss"] == 0.7 and trial1.data.tags["s0.node_id"] == "node-22"
+    assert [m.step for m in client.get_metric_history(trial1.info.run_id, "s1/grad_norm/w")] == [10, 20]
+    assert (race_run.data.tags["seeds"], race_run.data.metrics["s1/val_loss"]) == ("31,32", 0.3)  # its own positions
+    # the trial's own run: its search seeds, then its race seeds' summaries
+    assert (trial0.data.tags["seeds"], trial0.data.params["seeds"]) == ("11,12,31,32", "11,12")
+    assert trial0.data.metrics["s3/val_loss"] == 0.3 and trial0.data.tags["s3.node_id"] == "node-32"
+    keys = [k for run in runs.values() for k in [*run.data.metrics, *run.data.tags]]
+    assert not [k for k in keys if re.match(r"seed\d", k)]  # no name holds a seed's value

@@ -156,7 +156,7 @@ def test_progress_line_names_the_op_the_knobs_and_the_clock() -> None:
     buffer = io.StringIO()
     with ProgressView(2, live=False, console=Console(file=buffer, width=80), keys=["learning_rate", "max_iter"],
                       steps=100) as view:
-        view.on_trial_start(3, outcome().config)
+        view.on_trial_start(3, outcome().config, (5, 6))
         view.on_trial_result(RunRecord(3, 5, 50, RunStatus.RUNNING, steps_survived=50))
         assert view.progress() == pytest.approx(0.5)
         rendered = io.StringIO()

@@ -48,8 +48,8 @@ def test_tracker_opens_the_training_views_and_names_each_run_by_its_outcome(
     tracker = Tracker(uri, "s", {"model": "planted"})
     survived = RunRecord(0, 5, 200, RunStatus.SURVIVED, final=True, steps_survived=200, val_loss=0.25,
                          init_val_loss=2.0)
-    tracker.on_trial_start(0, TrainConfig(1e-3))
-    tracker.on_trial_start(1, TrainConfig(3e-3))
+    tracker.on_trial_start(0, TrainConfig(1e-3), (5,))
+    tracker.on_trial_start(1, TrainConfig(3e-3), (7, 8))
     tracker.on_trial_complete(TrialOutcome(0, TrainConfig(1e-3), TrialState.COMPLETE, (survived,), value=0.25))
     tracker.on_trial_complete(diverged_outcome(1))
     tracker.close()
@@ -72,7 +72,7 @@ def test_tracker_opens_the_training_views_and_names_each_run_by_its_outcome(
     assert diverged.data.tags["mlflow.note.content"] == (
         "Seed 7 diverged at step 109: the loss went non-finite first, in op iter_2/recompute_input/Log "
         "(Log, forward pass, loop iteration 2); 1 other seed(s) were cancelled.")
-    marker = client.get_metric_history(diverged.info.run_id, "seed7/diverged_at_step")
+    marker = client.get_metric_history(diverged.info.run_id, "s0/diverged_at_step")  # seed 7, the run's first
     assert [(m.step, m.value) for m in marker] == [(109, 109.0)]
     assert diverged.data.metrics["divergence_step"] == 109.0
 

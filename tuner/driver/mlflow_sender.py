@@ -13,7 +13,8 @@ So: a run's points are sent once it has 1000 of them or its oldest is older than
 grows with the runs logging at once (about 10 calls a second in all, at least 1 s, at most 10 s);
 and when more than 10,000 points wait to be sent (:meth:`Sender.spilling`), the tracker puts a
 progress record's values other than ``loss`` in rows of its run's ``telemetry.json`` (one table
-per seed) instead of metric points, until the queue is short again.
+per seed, named as the seed's metrics are: ``s0``, ``s1``, ...) instead of metric points, until the
+queue is short again.
 
 A run is named by a *target*: a trial number (the trial's own run) or a phase run's name, which
 the tracker resolves to a run id when the operation is sent (the run may be created late).

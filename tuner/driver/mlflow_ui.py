@@ -8,8 +8,11 @@ Checked in a headless browser on MLflow 3.17.2 (``bench/ui_screenshots.py``):
   The experiment tag ``mlflow.experimentKind`` = ``custom_model_development`` marks the study as
   model training for the pages and versions that read it; the experiment's description (shown
   above its runs) links to the training views of its runs, in the view below.
-- The runs table shows Run Name, Created, Dataset, Duration, Source and Models; a study's several
-  hundred params, metrics (per seed) and tags are columns the user has to pick. A shared view (an
+- The runs table shows Run Name, Created, Dataset, Duration, Source and Models; a study's params,
+  metrics and tags are columns the user has to pick. Per-seed metrics and tags are named by the
+  seed's position in its run (``s0/loss``, ``s1/val_loss``, ``s0.node_id``: :func:`seed_key`), the
+  values in the run's ``seeds`` tag, so every run offers the same few columns, not one set per
+  seed value the study's seed stream drew. A shared view (an
   experiment tag ``mlflow.sharedViewState.<key>``, opened with ``?viewStateShareKey=<key>``) picks
   them: status, divergence step and cause, phase, learning rate, clip norm, L2 weight, validation
   loss, steps survived and the description. MLflow leaves expanded rows out of shared views, so a
@@ -21,13 +24,14 @@ Checked in a headless browser on MLflow 3.17.2 (``bench/ui_screenshots.py``):
   crashed, which tuner keeps for a trial that failed after its retries (``status`` ``failed``,
   with the reason), so that ``attributes.status = 'FAILED'`` finds crashes and nothing else. A
   divergence is what the training found, recorded by the name, the ``status`` tag, the
-  description, the ``divergence_step`` metric and a ``seed<N>/diverged_at_step`` point at the
+  description, the ``divergence_step`` metric and an ``s<i>/diverged_at_step`` point at the
   divergence step beside the seed's loss and gradient-norm charts.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from tuner.records import Forensics, NonFiniteKind, RunRecord, RunStatus, TrialOutcome, TrialState
 
@@ -46,6 +50,12 @@ _COLUMNS = [
 ]
 _KINDS = {NonFiniteKind.FORWARD: "forward pass", NonFiniteKind.BACKWARD: "backward pass",
           NonFiniteKind.UPDATE: "weight update", NonFiniteKind.DATA: "input data"}
+
+
+def seed_key(position: int) -> str:
+    """The prefix of a seed's metrics and tags in its run: ``s0`` for the run's first seed (``s0/loss``,
+    ``s0.node_id``), ``s1`` for its second, ...; the run's ``seeds`` tag lists the seed values in that order."""
+    return f"s{position}"
 
 
 def runs_link(experiment_id: str) -> str:
@@ -119,11 +129,12 @@ def _where(found: Forensics | None) -> str:
     return f", in op {found.op} ({found.op_type}, {', '.join(parts)})"
 
 
-def divergence_points(outcome: TrialOutcome) -> list[tuple[str, float, int]]:
+def divergence_points(outcome: TrialOutcome, positions: Mapping[int, int]) -> list[tuple[str, float, int]]:
     """(metric, value, step) marking each diverged seed's divergence step on its charts:
-    ``divergence_step`` (the first, a column of the runs table) and ``seed<N>/diverged_at_step``."""
+    ``divergence_step`` (the first, a column of the runs table) and ``s<i>/diverged_at_step``, i the
+    seed's position in the run (``positions``: seed -> position, holding every seed of ``outcome``)."""
     diverged = [r for r in outcome.seeds if r.status is RunStatus.DIVERGED]
-    points = [(f"seed{r.seed}/diverged_at_step", float(r.step), r.step) for r in diverged]
+    points = [(f"{seed_key(positions[r.seed])}/diverged_at_step", float(r.step), r.step) for r in diverged]
     first = outcome.divergence
     if first is not None and outcome.state is TrialState.PRUNED:
         points.append(("divergence_step", float(first.step), first.step))

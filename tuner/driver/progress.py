@@ -58,7 +58,7 @@ class ProgressView:
             self._live.__exit__(*exc)
             self._live = None
 
-    def on_trial_start(self, number: int, config: TrainConfig) -> None:
+    def on_trial_start(self, number: int, config: TrainConfig, seeds: Sequence[int]) -> None:
         """Show the trial as running."""
         self._running[number] = {}
         self._refresh()

@@ -78,8 +78,8 @@ class Callback(Protocol):
     """Hears about trials as they start, report and end (Ray Tune's vocabulary), and about the
     checks (race levels, verification, margin) a trial's config goes through."""
 
-    def on_trial_start(self, number: int, config: TrainConfig) -> None:
-        """A trial was asked and its search runs submitted."""
+    def on_trial_start(self, number: int, config: TrainConfig, seeds: Sequence[int]) -> None:
+        """A trial was asked and its search runs (on ``seeds``, in that order) submitted."""
 
     def on_trial_result(self, record: RunRecord) -> None:
         """A seed run (of any phase: ``record.phase``) streamed a record."""
@@ -236,7 +236,7 @@ class Search:
         seeds = self.stream.search(trial.number, self.budget.seeds)
         self._active[trial.number] = _Trial(trial, config, seeds)
         for cb in self.callbacks:
-            cb.on_trial_start(trial.number, config)
+            cb.on_trial_start(trial.number, config, seeds)
         self._submit(trial.number, config, seeds, Phase.SEARCH)
         return True
 

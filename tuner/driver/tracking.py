@@ -6,14 +6,18 @@ to MLflow runs, params, metrics, tags and artifacts, and hands every write to it
 while the tracking server does not answer), so the search loop never waits for MLflow. A trial's
 run is created ahead of that queue (it shows in the MLflow UI while its points wait). While more
 than 10,000 points wait to be sent, a progress record's values other than ``loss`` go to its run's
-``telemetry.json`` (one row per seed and step) instead of metric points. Nothing is dropped: every
-record's loss is a metric point, each of its other values a metric point or in a row of
-telemetry.json.
+``telemetry.json`` (one row per seed and step, in a table per seed named as its metrics' prefix:
+``s0``, ``s1``, ...) instead of metric points. Nothing is dropped: every record's loss is a metric
+point, each of its other values a metric point or in a row of telemetry.json.
 
-A child run gets, per seed, the telemetry of each report step (``seed0/loss``,
-``seed0/grad_norm``, ``seed0/clip_fraction``, ``seed0/grad_norm/layer0/kernel``,
-``seed0/iter_3/input_absmax``, ..., where 0 stands for the seed itself, drawn from the study's
-seed stream) and the summary at the end; a diverged trial also gets the
+A child run gets, per seed, the telemetry of each report step (``s0/loss``, ``s0/grad_norm``,
+``s0/clip_fraction``, ``s0/grad_norm/layer0/kernel``, ``s0/iter_3/input_absmax``, ...) and the
+summary at the end (``s0/steps_survived``, ``s0/val_loss``, the tag ``s0.node_id``, ...). A seed is
+named by its position in the run (``s0`` its first seed, ``s1`` its second: ``mlflow_ui.seed_key``),
+not by its value, which the study's seed stream draws anew for every trial: so every run has the
+same few metric columns. The values, in position order, are the run's ``seeds`` param (the seeds it
+started with) and ``seeds`` tag (every seed of its outcome: in a trial's own run, its race seeds
+follow its search seeds). A diverged trial also gets the
 forensics of its first divergence as tags (``first_nonfinite_op``, ``first_nonfinite_kind``,
 ``divergence_cause``, ...) and as the ``divergence.json`` artifact. A trial's race levels and a
 config's verification and margin runs get runs of their own, nested under the trial's run and
@@ -110,6 +114,7 @@ class Tracker:
         self._phase_runs: dict[tuple[int, str], int] = {}  # (trial, phase) -> phase runs made so far
         self._current: dict[tuple[int, str], str] = {}  # (trial, phase) -> name of its open phase run
         self._named: dict[str, str] = {}  # phase run name -> its run id
+        self._seeds: dict[Target, dict[int, int]] = {}  # open run -> seed -> its position (see the module docs)
         self._sender = Sender(self.client, _redact(uri), self._run_of, before=self._create_children)
 
     def _mark_experiment(self, found: Any, study: str) -> None:
@@ -147,9 +152,10 @@ class Tracker:
         """Metric points queued for the sender and not yet sent (how far the store is behind)."""
         return self._sender.behind()
 
-    def on_trial_start(self, number: int, config: TrainConfig) -> None:
-        """Note the child run to create (ahead of the queue) with its params."""
-        self._children[number] = {**config.flat(), "trial": number}
+    def on_trial_start(self, number: int, config: TrainConfig, seeds: Sequence[int]) -> None:
+        """Note the child run to create (ahead of the queue) with its params, and its seeds' positions."""
+        self._children[number] = {**config.flat(), "trial": number, "seeds": ",".join(map(str, seeds))}
+        self._seeds[number] = {seed: i for i, seed in enumerate(seeds)}
 
     def on_phase_start(self, number: int, phase: Phase, config: TrainConfig, seeds: Sequence[int]) -> None:
         """Queue a run for a config's race level, verification or margin runs, nested under the trial's run."""
@@ -158,15 +164,18 @@ class Tracker:
         name = f"trial-{number}-{phase.value}-{self._phase_runs[key]}"
         params = {**config.flat(), "trial": number, "seeds": ",".join(map(str, seeds))}
         self._current[key] = name
+        self._seeds[name] = {seed: i for i, seed in enumerate(seeds)}
         self._sender.append(lambda: self._create_phase_run(number, phase, name, params))
 
     def on_phase_end(self, outcome: TrialOutcome) -> None:
         """Queue the phase run's summary, tags and end status."""
         name = self._current.pop((outcome.number, outcome.phase.value))
         self._sender.queue_target(name)
-        tags, metrics = {**outcome_tags(outcome), **mlflow_ui.run_labels(name, outcome)}, outcome_metrics(outcome)
+        positions = self._end_positions(name, outcome)
+        tags = {**outcome_tags(outcome, positions), **mlflow_ui.run_labels(name, outcome)}
+        metrics = outcome_metrics(outcome, positions)
         now = int(time.time() * 1000)
-        points = [self._Metric(k, v, now, step) for k, v, step in mlflow_ui.divergence_points(outcome)]
+        points = [self._Metric(k, v, now, step) for k, v, step in mlflow_ui.divergence_points(outcome, positions)]
 
         def summary() -> None:
             run_id = self._named[name]
@@ -186,15 +195,17 @@ class Tracker:
     def on_trial_result(self, record: RunRecord) -> None:
         """Buffer the record's metrics (per seed) at its step, on the run of its phase; its telemetry
         goes to the run's telemetry.json instead while the queue is long (see the module docs)."""
-        now, seed, step = int(time.time() * 1000), f"seed{record.seed}/", record.step
         target: Target = record.trial
         if record.phase is not Phase.SEARCH:
             target = self._current.get((record.trial, record.phase.value), record.trial)
+        positions = self._seeds.setdefault(target, {})
+        name = mlflow_ui.seed_key(positions.setdefault(record.seed, len(positions)))  # a seed not announced: next
+        now, seed, step = int(time.time() * 1000), name + "/", record.step
         values = {"grad_norm": record.grad_norm, **({} if record.final else record.metrics)}
         points = [(seed + "loss", float(record.loss), now, step)] if _finite(record.loss) else []
         if not record.final and self._sender.spilling():
             row = {k: float(v) for k, v in values.items() if _finite(v)}
-            self._sender.add_row(target, f"seed{record.seed}", {"step": step, **row})
+            self._sender.add_row(target, name, {"step": step, **row})
         else:
             points.extend((seed + k, float(v), now, step) for k, v in values.items() if _finite(v))
         self._sender.add(target, points)
@@ -203,11 +214,12 @@ class Tracker:
         """Queue the trial's summary, tags and end status, then flush."""
         number = outcome.number
         self._sender.queue_target(number)
-        tags = {**outcome_tags(outcome), **mlflow_ui.run_labels(f"trial-{number}", outcome)}
-        metrics = outcome_metrics(outcome)
+        positions = self._end_positions(number, outcome)
+        tags = {**outcome_tags(outcome, positions), **mlflow_ui.run_labels(f"trial-{number}", outcome)}
+        metrics = outcome_metrics(outcome, positions)
         now = int(time.time() * 1000)
         status = _RUN_STATUS[outcome.state]  # a diverged run ends FINISHED: see tuner.driver.mlflow_ui
-        points = [self._Metric(k, v, now, step) for k, v, step in mlflow_ui.divergence_points(outcome)]
+        points = [self._Metric(k, v, now, step) for k, v, step in mlflow_ui.divergence_points(outcome, positions)]
 
         def summary() -> None:
             self.client.log_batch(
@@ -221,6 +233,15 @@ class Tracker:
             self._sender.append(lambda: self.client.log_dict(self._runs[number], doc, DIVERGENCE_FILE))
         self._sender.append(lambda: self.client.set_terminated(self._runs[number], status))
         self._sender.queue_due()
+
+    def _end_positions(self, target: Target, outcome: TrialOutcome) -> dict[int, int]:
+        """Seed -> position in the ending run: its seeds as its start announced them (and any other seed
+        a record brought), then the outcome's other seeds in the outcome's order (in a trial's own run,
+        its race seeds after its search seeds)."""
+        positions = self._seeds.pop(target, {})
+        for r in outcome.seeds:
+            positions.setdefault(r.seed, len(positions))
+        return positions
 
     def set_launch_tags(self, tags: Mapping[str, str]) -> None:
         """Queue tags on the parent run (what the data preflight skipped, say)."""
@@ -357,11 +378,15 @@ class Tracker:
         self._log_params(run.info.run_id, params)
 
 
-def outcome_tags(outcome: TrialOutcome) -> dict[str, str]:
-    """The tags of a finished trial's run: status, divergence step and cause, reason."""
+def outcome_tags(outcome: TrialOutcome, positions: Mapping[int, int]) -> dict[str, str]:
+    """The tags of a finished trial's run: status, divergence step and cause, reason, each seed's node.
+
+    ``positions`` (seed -> position in the run, holding every seed of ``outcome``, in position order)
+    names the per-seed tags (``s0.node_id``) and is the ``seeds`` tag: its seed values in position order.
+    """
     first = outcome.divergence
     tags = {"status": outcome.state.value, "steps_survived": ",".join(map(str, outcome.steps_survived)),
-            "seeds": ",".join(str(r.seed) for r in outcome.seeds)}
+            "seeds": ",".join(map(str, positions))}
     if outcome.learned is not None:
         tags["learned"] = str(outcome.learned).lower()
     raced = sum(r.phase is Phase.RACE for r in outcome.seeds)
@@ -378,7 +403,7 @@ def outcome_tags(outcome: TrialOutcome) -> dict[str, str]:
     if outcome.reason:
         tags["reason"] = outcome.reason[:5000]
     nodes = {r.seed: str(r.info["node_id"]) for r in outcome.seeds if r.info.get("node_id")}
-    tags.update({f"seed{seed}.node_id": node for seed, node in nodes.items()})
+    tags.update({f"{mlflow_ui.seed_key(positions[seed])}.node_id": node for seed, node in nodes.items()})
     if nodes:
         tags["node_ids"] = ",".join(sorted(set(nodes.values())))
     return tags
@@ -412,8 +437,9 @@ def divergence_doc(outcome: TrialOutcome) -> dict[str, Any] | None:
             **first.forensics.to_dict()}
 
 
-def outcome_metrics(outcome: TrialOutcome) -> dict[str, float]:
-    """Per-seed summary metrics of a finished trial (steps survived, validation loss, ...)."""
+def outcome_metrics(outcome: TrialOutcome, positions: Mapping[int, int]) -> dict[str, float]:
+    """Summary metrics of a finished trial, per seed (``s0/steps_survived``, ``s0/val_loss``, ...: the
+    seed's position in ``positions``, which holds every seed of ``outcome``) and overall."""
     metrics: dict[str, float] = {"min_steps_survived": float(min(outcome.steps_survived, default=0)),
                                  "seeds_survived": float(sum(r.status.value == "survived" for r in outcome.seeds))}
     if outcome.value is not None:
@@ -421,10 +447,11 @@ def outcome_metrics(outcome: TrialOutcome) -> dict[str, float]:
     if outcome.init_val_loss is not None:
         metrics["init_val_loss"] = outcome.init_val_loss
     for r in outcome.seeds:
-        metrics[f"seed{r.seed}/steps_survived"] = float(r.steps_survived)
+        seed = mlflow_ui.seed_key(positions[r.seed]) + "/"
+        metrics[seed + "steps_survived"] = float(r.steps_survived)
         if r.val_loss is not None:
-            metrics[f"seed{r.seed}/val_loss"] = r.val_loss
-        metrics.update({f"seed{r.seed}/{k}": v for k, v in r.metrics.items()})
+            metrics[seed + "val_loss"] = r.val_loss
+        metrics.update({seed + k: v for k, v in r.metrics.items()})
     return metrics
 
 
