@@ -12,7 +12,7 @@ see there. Exit status 1 when a check fails (each check prints ok/FAIL with what
 The pages: the experiment as it opens in a fresh browser, the runs table in the training views
 (tuner's link, with the launch's trials unfolded), a diverged trial's run (description, tags), its
 metric charts, the launch's plots, optuna-dashboard's study page (history and intermediate
-values) and its trial list with a pruned trial's intermediate values.
+values; a diverged trial has no value) and its trial list with a pruned trial's intermediate values and note.
 """
 
 from __future__ import annotations
@@ -220,9 +220,12 @@ def optuna_pages(checks: Checks, page: Any, base: str, storage: str, out: Path) 
     check_page(checks, page, "optuna-dashboard study", "History", "Intermediate values", absent=("Objective 0",))
     shoot(page, out, "optuna_1_study", full=True)
 
+    checks.add("diverged (PRUNED) trials have no value on the val_loss axis", all(t.value is None for t in pruned),
+               str([t.value for t in pruned]))
     number = f"?numbers={pruned[0].number}" if pruned else ""
     page.goto(f"{base}/dashboard/studies/{study_id}/trials{number}")
-    check_page(checks, page, "optuna-dashboard trials", "Pruned", "Complete", "Intermediate Values")
+    note = (f"Trial {pruned[0].number}: diverged at step",) if pruned else ()  # its note: tuner.driver.dashboard
+    check_page(checks, page, "optuna-dashboard trials", "Pruned", "Complete", "Intermediate Values", *note)
     shoot(page, out, "optuna_2_trials")
 
 
