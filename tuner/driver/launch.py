@@ -38,7 +38,7 @@ METRIC = "val_loss"  # the objective's name in Optuna: a COMPLETE trial's valida
 def launch(config: LaunchConfig) -> dict[str, Any]:
     """Run one launch end to end; return the best-config document that was written."""
 
-    from tuner.driver import dashboard, studyrecord
+    from tuner.driver import ctrl_c, dashboard, studyrecord
     from tuner.driver.executor import RayExecutor
     from tuner.driver.export import best_config, write_best
     from tuner.driver.progress import ProgressView, summary_table
@@ -59,6 +59,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         executor = Watched(lambda: RayExecutor(cluster_config(config)), config.address, config.placement_timeout,
                            say=_say)  # on error, the pool waits for the connect
     tracker, closing, study = None, None, None
+    restore_sigint = ctrl_c.noted()  # a Ctrl-C Python drops is raised at the next poll
     try:
         tracker = make_tracker(config, connecting.result(), liveness.driver)
         if tracker and skip:
@@ -110,6 +111,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             raise Interrupted(_interrupted_message(study, stopped)) from None
         raise
     finally:
+        restore_sigint()
         liveness.stop()
         if closing is None:
             executor.close()

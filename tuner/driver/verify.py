@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tuner.driver import ctrl_c
 from tuner.driver.evidence import MARGIN_FACTORS, Choice, Margin, SeedStream, Verification, bar_reachable, choose
 from tuner.driver.search import Callback, Compute, Executor, judge
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome
@@ -62,6 +63,7 @@ class Runner:
         finals: dict[int, RunRecord] = {}
         cancelled = False
         while len(finals) < len(seeds):
+            ctrl_c.raise_if_dropped()
             for record in self.executor.poll(timeout=0.5):
                 if record.trial != number or record.phase is not phase or record.seed not in seeds:
                     continue
