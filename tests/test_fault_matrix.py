@@ -125,9 +125,11 @@ def _launch_until_one_trial_finished(tmp_path: Path, args: list[str], storage: s
                                   stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                                   start_new_session=True)
     deadline = time.monotonic() + 240
-    while not _running_after_one_finished(storage):
+    # the launch's own line for its first finished trial ("[1/3 ..."), read at once, or the study's
+    # states (a query that took seconds in a loaded pytest process: the launch had ended meanwhile)
+    while "[1/" not in log.read_text() and not _running_after_one_finished(storage):
         assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.5)
+        time.sleep(0.2)
     return driver, log
 
 

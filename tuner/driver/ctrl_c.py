@@ -6,12 +6,14 @@ the driver). A KeyboardInterrupt raised there is printed as "Exception ignored i
 further: the launch would train on to its end as if no Ctrl-C came (seen in
 tests/test_fault_matrix.py). So while :func:`noted` holds, SIGINT raises KeyboardInterrupt as
 Python's own handler does and is also noted; the driver's loops call :func:`raise_if_dropped`
-after each poll (at most 0.5 s apart), which raises it again if it was dropped.
+after each poll (at most 0.5 s apart), which raises it again if it was dropped; the dropped one is
+not printed (``sys.unraisablehook``), so a Ctrl-C shows no traceback.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -34,12 +36,21 @@ def noted() -> Callable[[], None]:
             signal.SIGINT) is not signal.default_int_handler:
         return lambda: None  # SIGINT ignored, or a caller's own handler: theirs to keep
     signal.signal(signal.SIGINT, _handler)
+    previous_hook = sys.unraisablehook
+
+    def quiet(unraisable: Any) -> None:  # the dropped KeyboardInterrupt: no traceback, raised at the poll
+        if not (_noted and unraisable.exc_type is KeyboardInterrupt):
+            previous_hook(unraisable)
+
+    sys.unraisablehook = quiet
 
     def restore() -> None:
         global _noted
         _noted = False
         if signal.getsignal(signal.SIGINT) is _handler:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        if sys.unraisablehook is quiet:
+            sys.unraisablehook = previous_hook
 
     return restore
 
