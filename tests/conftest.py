@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -66,6 +67,13 @@ def stores(tmp_path: Path) -> dict[str, str]:
         "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
         "dir": str(tmp_path),
     }
+
+
+def terminal_sigint() -> None:
+    """A ``preexec_fn``: the child gets SIGINT as a terminal gives it. A shell starts its background
+    jobs (``cmd &`` without job control: nohup'd runs, some CI steps) with SIGINT ignored, and
+    children inherit that; a Python started so installs no KeyboardInterrupt handler at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_tuner(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:

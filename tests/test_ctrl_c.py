@@ -8,9 +8,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+from tests.conftest import terminal_sigint
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# In a fresh interpreter: a pytest process that ran Ray or gRPC may have SIGINT masked or handled.
+# In a fresh interpreter with SIGINT as a terminal gives it (see terminal_sigint), and nothing of pytest's.
 SCRIPT = textwrap.dedent("""
     import os, signal
     from tuner.driver import ctrl_c
@@ -42,7 +44,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_a_dropped_ctrl_c_is_raised_at_the_next_poll_and_the_handler_is_restored() -> None:
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, preexec_fn=terminal_sigint)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr  # the dropped one is not printed either
     assert done.stdout.split() == ["raised", "at", "the", "poll", "dropped", "restored"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, run_tuner
+from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, run_tuner, terminal_sigint
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
 
@@ -123,7 +123,7 @@ def _launch_until_one_trial_finished(tmp_path: Path, args: list[str], storage: s
     with log.open("w") as out:
         driver = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=tmp_path, stdout=out,
                                   stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                                  start_new_session=True)
+                                  start_new_session=True, preexec_fn=terminal_sigint)
     deadline = time.monotonic() + 240
     # the launch's own line for its first finished trial ("[1/3 ..."), read at once, or the study's
     # states (a query that took seconds in a loaded pytest process: the launch had ended meanwhile)
