@@ -23,10 +23,12 @@ median compute ratio <= 1.6x (issue 12: "racing and the final verification toget
     .venv/bin/python bench/robustness.py [--budgets small,default] [--sampler-seeds 0,1,2]
                                          [--held-out-seeds 32] [--json PATH] [--smoke]
                                          [--now-flags="--race-seeds 8"] [--alt-flags="--pruner none"]
+                                         [--no-racing-baseline]
 
 ``--alt-flags`` adds a third launch per sampler seed, tuner now with those flags instead, and
 compares the two: steps saved (search + race + verify), held-out survival and validation loss
-(issue 16: the pruner's >= 35 % fewer steps for the same exported quality). With ``BENCH_LOCK``
+(issue 16: the pruner's >= 35 % fewer steps for the same exported quality).
+``--no-racing-baseline`` then skips the launch without racing. With ``BENCH_LOCK``
 set to a file, every ``python -m tuner`` runs under ``flock`` on it (a machine shared with tests).
 """
 
@@ -39,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -109,12 +112,13 @@ def measure(trials: int, steps: int, seed: int, held_out_seeds: int, smoke: bool
             result["survived"], result["runs_held_out"], result["val_loss"] = held_out(
                 tmp, steps, held_out_seeds, seed)
         row[name] = result
-    for unit, key in (("seconds", "compute_ratio"), ("steps", "steps_ratio")):
+    for unit, key in (("seconds", "compute_ratio"), ("steps", "steps_ratio")) if "norace" in row else ():
         now, norace = row["now"][unit], row["norace"][unit]
         spent = now["search"] + now["race"] + now["verify"]
         row[key] = spent / norace["search"] if norace["search"] else float("nan")
         row[f"{key}_margin"] = (spent + now["margin"]) / norace["search"] if norace["search"] else float("nan")
-    row["wall_ratio"] = row["now"]["wall"] / row["norace"]["wall"]
+    if "norace" in row:
+        row["wall_ratio"] = row["now"]["wall"] / row["norace"]["wall"]
     if "alt" in row:  # tuner now against itself with --alt-flags (the pruner off, say)
         now, alt = row["now"]["steps"], row["alt"]["steps"]
         spent = {v: sum(row[v]["steps"][p] for p in ("search", "race", "verify")) for v in ("now", "alt")}
@@ -131,6 +135,23 @@ def rate(result: dict[str, Any]) -> float:
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     """One line per budget x sampler seed."""
+    if "norace" in rows[0]:
+        print_norace(rows)
+    if "alt" in rows[0]:
+        head = ["budget", "S", "held-out now", "held-out alt", *(f"{p} steps now" for p in PHASES),
+                *(f"{p} steps alt" for p in PHASES),
+                "steps saved", "search steps saved", "val_loss now", "val_loss alt", "val ratio", "wall alt s"]
+        lines = [[r["budget"], r["sampler_seed"], f"{r['now']['survived']}/{r['now']['runs_held_out']}",
+                  f"{r['alt']['survived']}/{r['alt']['runs_held_out']}", *(int(r["now"]["steps"][p]) for p in PHASES),
+                  *(int(r["alt"]["steps"][p]) for p in PHASES),
+                  r["steps_saved"], r["search_steps_saved"], r["now"]["val_loss"], r["alt"]["val_loss"],
+                  r["val_loss_ratio"], r["alt"]["wall"]] for r in rows]
+        print(f"tuner now ({' '.join(VARIANTS['now']) or 'defaults'}) against alt ({' '.join(VARIANTS['alt'])}):")
+        print(table(head, lines))
+
+
+def print_norace(rows: list[dict[str, Any]]) -> None:
+    """Tuner now against the launch before racing and verification."""
     head = ["budget", "S", "held-out now", "held-out no race", "exit now/no race",
             *(f"{p} steps" for p in PHASES), "no-race steps", "steps ratio", "+margin",
             *(f"{p} s" for p in PHASES), "no-race s", "compute ratio", "+margin",
@@ -144,37 +165,17 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
               r["now"]["wall"], r["norace"]["wall"], r["wall_ratio"], r["now"]["val_loss"],
               r["norace"]["val_loss"]] for r in rows]
     print(table(head, lines))
-    if "alt" in rows[0]:
-        head = ["budget", "S", "held-out now", "held-out alt", *(f"{p} steps alt" for p in PHASES),
-                "steps saved", "search steps saved", "val_loss now", "val_loss alt", "val ratio", "wall alt s"]
-        lines = [[r["budget"], r["sampler_seed"], f"{r['now']['survived']}/{r['now']['runs_held_out']}",
-                  f"{r['alt']['survived']}/{r['alt']['runs_held_out']}", *(int(r["alt"]["steps"][p]) for p in PHASES),
-                  r["steps_saved"], r["search_steps_saved"], r["now"]["val_loss"], r["alt"]["val_loss"],
-                  r["val_loss_ratio"], r["alt"]["wall"]] for r in rows]
-        print(f"tuner now ({' '.join(VARIANTS['now']) or 'defaults'}) against alt ({' '.join(VARIANTS['alt'])}):")
-        print(table(head, lines))
 
 
 def summarise(budget: str, rows: list[dict[str, Any]]) -> dict[str, float]:
     """The worst held-out rates and the median ratios of one budget, with RESULT lines."""
-    s = {"worst_now": min(rate(r["now"]) for r in rows), "worst_norace": min(rate(r["norace"]) for r in rows),
-         "compute_ratio": median([r["compute_ratio"] for r in rows]),
-         "compute_ratio_margin": median([r["compute_ratio_margin"] for r in rows]),
-         "steps_ratio": median([r["steps_ratio"] for r in rows]),
-         "steps_ratio_margin": median([r["steps_ratio_margin"] for r in rows]),
-         "wall_ratio": median([r["wall_ratio"] for r in rows])}
+    s = {"worst_now": min(rate(r["now"]) for r in rows)}
 
     def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
-    print(f"RESULT robustness {budget} worst_survival = {s['worst_now']:.3f} tuner now, {s['worst_norace']:.3f} "
-          f"no racing (goal >= {GOAL_SURVIVAL:.3f} = 31/32: {verdict(s['worst_now'] >= GOAL_SURVIVAL)})")
-    for key, what in (("compute_ratio", "search+race+verify"), ("compute_ratio_margin", "with the margin")):
-        print(f"RESULT robustness {budget} {key} = {s[key]:.2f}x worker seconds, {what} vs no racing's search "
-              f"(median; goal <= {GOAL_COMPUTE}: {verdict(s[key] <= GOAL_COMPUTE)})")
-    print(f"RESULT robustness {budget} steps_ratio = {s['steps_ratio']:.2f}x steps ({s['steps_ratio_margin']:.2f}x "
-          "with the margin; median)")
-    print(f"RESULT robustness {budget} wall_ratio = {s['wall_ratio']:.2f}x (median)")
+    if "norace" in rows[0]:
+        summarise_norace(budget, rows, s, verdict)
     if "alt" in rows[0]:
         s["worst_alt"] = min(rate(r["alt"]) for r in rows)
         for key in ("steps_saved", "search_steps_saved", "val_loss_ratio"):
@@ -183,6 +184,25 @@ def summarise(budget: str, rows: list[dict[str, Any]]) -> dict[str, float]:
               f"({s['search_steps_saved']:.0%} of its search's; median), held-out worst {s['worst_now']:.3f} now, "
               f"{s['worst_alt']:.3f} alt; val_loss now/alt {s['val_loss_ratio']:.3f} (median)")
     return s
+
+
+def summarise_norace(budget: str, rows: list[dict[str, Any]], s: dict[str, float],
+                     verdict: Callable[[bool], str]) -> None:
+    """The RESULT lines of tuner now against the launch before racing and verification."""
+    s |= {"worst_norace": min(rate(r["norace"]) for r in rows),
+         "compute_ratio": median([r["compute_ratio"] for r in rows]),
+         "compute_ratio_margin": median([r["compute_ratio_margin"] for r in rows]),
+         "steps_ratio": median([r["steps_ratio"] for r in rows]),
+         "steps_ratio_margin": median([r["steps_ratio_margin"] for r in rows]),
+         "wall_ratio": median([r["wall_ratio"] for r in rows])}
+    print(f"RESULT robustness {budget} worst_survival = {s['worst_now']:.3f} tuner now, {s['worst_norace']:.3f} "
+          f"no racing (goal >= {GOAL_SURVIVAL:.3f} = 31/32: {verdict(s['worst_now'] >= GOAL_SURVIVAL)})")
+    for key, what in (("compute_ratio", "search+race+verify"), ("compute_ratio_margin", "with the margin")):
+        print(f"RESULT robustness {budget} {key} = {s[key]:.2f}x worker seconds, {what} vs no racing's search "
+              f"(median; goal <= {GOAL_COMPUTE}: {verdict(s[key] <= GOAL_COMPUTE)})")
+    print(f"RESULT robustness {budget} steps_ratio = {s['steps_ratio']:.2f}x steps ({s['steps_ratio_margin']:.2f}x "
+          "with the margin; median)")
+    print(f"RESULT robustness {budget} wall_ratio = {s['wall_ratio']:.2f}x (median)")
 
 
 def main() -> None:
@@ -194,6 +214,8 @@ def main() -> None:
     p.add_argument("--now-flags", default="", help="extra launch flags of the 'tuner now' launches")
     p.add_argument("--alt-flags", help="also launch tuner now with these flags instead of --now-flags, and "
                                        "compare (--alt-flags='--pruner none': what the pruner saves)")
+    p.add_argument("--no-racing-baseline", action="store_true",
+                   help="skip the launch without racing (with --alt-flags: compare tuner now and alt only)")
     p.add_argument("--json", help="write the raw figures here")
     args = p.parse_args()
     seeds = [int(s) for s in args.sampler_seeds.split(",")]
@@ -206,6 +228,10 @@ def main() -> None:
     VARIANTS["now"] = args.now_flags.split()
     if args.alt_flags is not None:
         VARIANTS["alt"] = args.alt_flags.split()
+    if args.no_racing_baseline:
+        if args.alt_flags is None:
+            p.error("--no-racing-baseline leaves nothing to compare without --alt-flags")
+        del VARIANTS["norace"]
 
     print_header(f"robustness: {', '.join(f'{n} ({t} trials x {s} steps)' for n, (t, s) in budgets.items())}, "
                  f"sampler seeds {seeds}, {args.held_out_seeds} held-out seeds at 2x steps")
@@ -214,9 +240,8 @@ def main() -> None:
         for seed in seeds:
             row = {"budget": budget, **measure(trials, steps, seed, args.held_out_seeds, args.smoke)}
             rows.append(row)
-            print(f"{budget} S={seed}: held-out {row['now']['survived']}/{row['now']['runs_held_out']} tuner now, "
-                  f"{row['norace']['survived']}/{row['norace']['runs_held_out']} no racing; "
-                  f"compute {row['compute_ratio']:.2f}x", flush=True)
+            print(f"{budget} S={seed}: held-out " + ", ".join(
+                f"{row[v]['survived']}/{row[v]['runs_held_out']} {v}" for v in VARIANTS), flush=True)
     print_rows(rows)
     for budget in budgets:
         summaries[budget] = summarise(budget, [r for r in rows if r["budget"] == budget])

@@ -381,3 +381,39 @@ def test_search_a_slower_seed_that_diverges_first_still_records_the_earliest_div
     (outcome,) = search.run()
     assert outcome.divergence is not None and (outcome.divergence.seed, outcome.divergence.step) == (early, 30)
     assert read(search.study.trials[0]).divergence_step == 30
+
+
+def test_search_behind_pruner_stops_a_trial_far_behind_the_best_only_once_three_trials_finished() -> None:
+    executor = FakeExecutor(slots=2)  # one trial at a time: each meets the finished ones
+    search = make_search(6, executor, optuna.samplers.RandomSampler(seed=0), pruner="behind")  # from step 50
+    for lr in [10**-2.5, 1e-5, 10**-2.45, 10**-2.55, 1e-5, 10**-2.52]:
+        search.study.enqueue_trial({"learning_rate": lr})
+    outcomes = {o.number: o for o in search.run()}
+    assert [outcomes[n].state for n in range(6)] == [TrialState.COMPLETE] * 4 + [
+        TrialState.STOPPED, TrialState.COMPLETE]  # trial 1: one finished trial to compare with, too few
+    behind = search.study.trials[4]
+    assert behind.state == optuna.trial.TrialState.PRUNED and read(behind).divergence_step is None
+    assert "at step 60 its loss was more than 1.5x the lowest loss a finished trial had" in read(behind).reason
+    assert max(behind.intermediate_values) == 60  # the first report at or past a quarter of the steps
+
+
+def test_behind_pruner_compares_finished_trials_at_the_same_step_from_its_first_step_on() -> None:
+    from tuner.driver.search import BehindBestPruner
+
+    study = optuna.create_study(pruner=BehindBestPruner(min_step=50))
+    for final in (1.0, 2.0, 3.0):  # finished trials: 1.0 is the best at step 50
+        t = study.ask()
+        t.report(final, 50)
+        study.tell(t, final)
+    t = study.ask()
+    t.report(100.0, 25)
+    assert not t.should_prune()  # before min_step
+    t.report(1.6, 50)
+    assert t.should_prune()  # above 1.5 x 1.0
+    t2 = study.ask()
+    t2.report(1.4, 50)
+    assert not t2.should_prune()
+    t2.report(float("nan"), 75)
+    assert not t2.should_prune()  # a divergence is not the pruner's
+    t2.report(9.0, 100)  # a step no finished trial reached: nothing to compare with
+    assert not t2.should_prune()

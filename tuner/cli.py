@@ -67,10 +67,12 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--verify-seeds", type=int,
                    help="fresh seeds the best configs are retrained on at the end; 0: no verification (default 16)")
     p.add_argument("--verify-steps", type=int, help="steps of a verification run (default: 2 x --steps)")
-    p.add_argument("--pruner", choices=("none", "median", "asha"),
-                   help="stop a finite trial whose loss is behind, never counted as diverged: median (behind the "
-                        "completed trials' median, from half its steps on) or asha (successive halving: only "
-                        "the best third goes on at a quarter of the steps, and again at 3x that) (default none)")
+    p.add_argument("--pruner", choices=("none", "behind", "median", "asha"),
+                   help="stop a finite trial whose loss is behind, never counted as diverged: behind (above 1.5x "
+                        "the lowest loss a finished trial had at the same step, from a quarter of the steps on), "
+                        "median (behind the completed trials' median, from half its steps on) or asha (successive "
+                        "halving: only the best third goes on at a quarter of the steps, and again at 3x that) "
+                        "(default none)")
     p.add_argument("--min-survival", type=float,
                    help="bar for the 95%% lower bound of the verified survival rate (default 0.8)")
     p.add_argument("--verify-candidates", type=int,

@@ -27,6 +27,7 @@ trial's record holds nothing a callback made (its MLflow run is found by its tag
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -473,26 +474,59 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup)
 
 
-PRUNERS = ("none", "median", "asha")
+PRUNERS = ("none", "behind", "median", "asha")
 ASHA_REDUCTION = 3  # successive halving keeps the best third of the trials at each rung
+BEHIND_FACTOR = 1.5  # ``behind`` stops a trial whose loss is above this many times the best at the same step
+
+
+class BehindBestPruner(optuna.pruners.BasePruner):
+    """Stop a trial whose loss at a step is more than ``factor`` x the lowest loss that a finished
+    trial (survived, diverged later, or stopped later) had at the same step, from ``min_step`` on
+    and once ``min_trials`` finished trials reached that step. Running trials are not compared:
+    their values reach the storage in batches (tuner.driver.intermediate).
+
+    Chosen with bench/pruner_replay.py (BENCHMARKS.md): the training loss ranks the final
+    validation loss weakly on the shipped models (Spearman about 0.6 at a quarter of the steps),
+    so a rank cut (ASHA's best third) stops the eventual best too often; a trial far behind the
+    best is rarely the winner.
+    """
+
+    def __init__(self, min_step: int, factor: float = BEHIND_FACTOR, min_trials: int = 3) -> None:
+        self.min_step, self.factor, self.min_trials = min_step, factor, min_trials
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        step = trial.last_step
+        if step is None or step < self.min_step:
+            return False
+        value = trial.intermediate_values[step]
+        if not math.isfinite(value):
+            return False  # a divergence is the search's to report, not the pruner's
+        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        others = [v for t in study.get_trials(deepcopy=False, states=finished)
+                  if (v := t.intermediate_values.get(step)) is not None and math.isfinite(v)]
+        return len(others) >= self.min_trials and value > self.factor * min(others)
 
 
 def prune_start(kind: str, steps: int) -> int:
     """The first step at which ``kind`` may stop a finite trial (0: never): half the steps for
-    ``median``, a quarter for ``asha`` (its first rung; the next ones at 3x and 9x that step)."""
-    return {"median": steps // 2, "asha": max(1, steps // 4)}.get(kind, 0)
+    ``median``, a quarter for ``behind`` and ``asha`` (its first rung; the next ones at 3x and 9x
+    that step)."""
+    return {"median": steps // 2, "behind": max(1, steps // 4), "asha": max(1, steps // 4)}.get(kind, 0)
 
 
 def make_pruner(kind: str, steps: int = 0) -> optuna.pruners.BasePruner:
-    """The study's pruner for trials of ``steps`` steps: ``none``, ``median`` or ``asha``.
+    """The study's pruner for trials of ``steps`` steps: ``none``, ``behind``, ``median`` or ``asha``.
 
-    Either only ever stops a finite trial whose mean training loss (``loss_mean``, over the steps
+    Each only ever stops a finite trial whose mean training loss (``loss_mean``, over the steps
     since the last report, the seeds averaged) is behind, and only from :func:`prune_start` on:
-    such a trial is STOPPED, never counted as diverged. ``median``: behind the median of the
-    completed trials at the same step (Optuna's MedianPruner once 5 trials completed). ``asha``:
+    such a trial is STOPPED, never counted as diverged. ``behind``: above 1.5x the lowest loss a
+    finished trial had at the same step (:class:`BehindBestPruner`). ``median``: behind the median
+    of the completed trials at the same step (Optuna's MedianPruner once 5 trials completed). ``asha``:
     not in the best third of the trials that reached the same rung (Optuna's
     SuccessiveHalvingPruner, asynchronous: rungs at a quarter of the steps, then 3x, 9x that).
     """
+    if kind == "behind":
+        return BehindBestPruner(prune_start(kind, steps))
     if kind == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
     if kind == "asha":
@@ -505,6 +539,9 @@ def stop_reason(pruner: optuna.pruners.BasePruner, step: int) -> str:
     """Why ``pruner`` stopped a finite trial at ``step``, in words."""
     if isinstance(pruner, optuna.pruners.SuccessiveHalvingPruner):
         return f"at step {step} its loss was not in the best third of the trials that reached that step"
+    if isinstance(pruner, BehindBestPruner):
+        return (f"at step {step} its loss was more than {pruner.factor:g}x the lowest loss a finished trial had "
+                "at that step")
     return f"at step {step} its loss was behind the median of the completed trials"
 
 
