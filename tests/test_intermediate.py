@@ -34,3 +34,19 @@ def test_reports_batched_hold_what_report_writes(tmp_path: Path, storage: str) -
     for step, value in study.trials[by_report.number].intermediate_values.items():
         assert held[step] == value or (math.isnan(held[step]) and math.isnan(value))
     assert study.trials[stale.number].intermediate_values == {40: 0.25}  # nothing written once it was failed
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "memory"])
+def test_reports_batched_are_seen_by_the_trials_pruner(tmp_path: Path, storage: str) -> None:
+    """``Trial.should_prune`` reads the trial's own copy: the batch puts its values there, as report does
+    (without, every pruner saw no step on a SQLite study and stopped nothing)."""
+    url = f"sqlite:///{tmp_path / 'o.db'}" if storage == "sqlite" else None
+    study = optuna.create_study(storage=url, pruner=optuna.pruners.ThresholdPruner(upper=1.0))
+    trial = study.ask()
+    reports = Reports(every=3600.0)
+    reports.add(trial, 10, 0.5)
+    reports.flush(trial)
+    assert not trial.should_prune()
+    reports.add(trial, 20, 5.0)
+    reports.flush(trial)
+    assert trial.should_prune()  # the pruner saw step 20's value, above its bound

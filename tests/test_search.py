@@ -12,6 +12,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import optuna
 import pytest
@@ -120,10 +121,12 @@ def spec_seeds(trial: int) -> tuple[int, ...]:
 
 
 def make_search(trials: int, executor: FakeExecutor, sampler: optuna.samplers.BaseSampler,
-                race_seeds: int = 0, pruner: str = "none", callbacks: Sequence[Callback] = ()) -> Search:
+                race_seeds: int = 0, pruner: str = "none", callbacks: Sequence[Callback] = (),
+                storage: str | None = None) -> Search:
     params = {"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}}
     space = space_from(params, "fake", KNOBS, "<test>")
-    study = optuna.create_study(direction="minimize", sampler=sampler, pruner=make_pruner(pruner, 200))
+    study = optuna.create_study(direction="minimize", sampler=sampler, pruner=make_pruner(pruner, 200),
+                                storage=storage)
     budget = Budget(trials, steps=200, seeds=2, report_every=20, race_seeds=race_seeds,
                     prune_from=prune_start(pruner, 200))
     return Search(study, space, "fake", executor, budget, callbacks, stream=STREAM)
@@ -383,9 +386,12 @@ def test_search_a_slower_seed_that_diverges_first_still_records_the_earliest_div
     assert read(search.study.trials[0]).divergence_step == 30
 
 
-def test_search_behind_pruner_stops_a_trial_far_behind_the_best_only_once_three_trials_finished() -> None:
+@pytest.mark.parametrize("storage", ["memory", "sqlite"])  # sqlite: the values go in batches (intermediate.py)
+def test_search_behind_pruner_stops_a_trial_far_behind_the_best_only_once_three_trials_finished(
+        tmp_path: Path, storage: str) -> None:
     executor = FakeExecutor(slots=2)  # one trial at a time: each meets the finished ones
-    search = make_search(6, executor, optuna.samplers.RandomSampler(seed=0), pruner="behind")  # from step 50
+    search = make_search(6, executor, optuna.samplers.RandomSampler(seed=0), pruner="behind",  # from step 50
+                         storage=f"sqlite:///{tmp_path / 'o.db'}" if storage == "sqlite" else None)
     for lr in [10**-2.5, 1e-5, 10**-2.45, 10**-2.55, 1e-5, 10**-2.52]:
         search.study.enqueue_trial({"learning_rate": lr})
     outcomes = {o.number: o for o in search.run()}

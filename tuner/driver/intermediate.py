@@ -16,7 +16,10 @@ mid-run (Ctrl-C: told FAIL and queued again) keeps the values written so far.
 On an RDB storage (``RDBStorage``, also under Optuna's cache) the batch is one transaction that
 inserts the rows Optuna's own ``report`` would (Optuna's RDB models, 5.x); any other storage gets
 ``Trial.report`` per value. As with ``report``, a step already reported keeps its first value, and
-a trial finished meanwhile (failed as stale by another launch) gets nothing.
+a trial finished meanwhile (failed as stale by another launch) gets nothing. The values written in
+a batch are also put in the ``Trial``'s own copy of itself, as ``report`` does: ``should_prune``
+reads the trial from there, and without them every pruner saw no step and stopped nothing (the
+case from the batching's start until 2026-12-05: ``--pruner`` did nothing on a SQLite study).
 """
 
 from __future__ import annotations
@@ -78,18 +81,29 @@ class Reports:
             return
         trial = next(iter(pending.values()))[0]
         backend = _rdb(trial.study._storage)
-        if backend is not None:
+        # batched only where the trials' own copies can be kept in step (Optuna 5's private attribute)
+        if backend is not None and all(hasattr(t, "_cached_frozen_trial") for t, _ in pending.values()):
             try:
                 _insert(backend, {tid: values for tid, (_, values) in pending.items()})
-                return
             except Exception as exc:  # a step reported twice, a schema Optuna changed: one value at a time
                 log.debug("batched intermediate values failed (%s); reporting one by one", exc)
+            else:
+                for trial, values in pending.values():
+                    _seen(trial, values)
+                return
         for trial, values in pending.values():
             for step, value in values.items():
                 try:
                     trial.report(value, step)
                 except optuna.exceptions.UpdateFinishedTrialError:
                     break  # failed as stale by another launch; the search says so when it ends
+
+
+def _seen(trial: optuna.trial.Trial, values: dict[int, float]) -> None:
+    """Give ``trial``'s own copy the values written past it, as ``Trial.report`` does: the pruner
+    reads the trial through it (``Trial.should_prune``), and without them sees no step at all."""
+    for step, value in values.items():
+        trial._cached_frozen_trial.intermediate_values.setdefault(step, value)
 
 
 def _rdb(storage: Any) -> Any:
