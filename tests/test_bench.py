@@ -21,6 +21,7 @@ SCRIPTS = {
     "scaling.py": ["RESULT scaling end_to_end =", "RESULT scaling steady ="],
     "pruning.py": ["RESULT pruning steps_fraction =", "RESULT pruning cancel_latency ="],
     "search_efficiency.py": ["RESULT efficiency tpe =", "RESULT efficiency ratio ="],
+    "pruner_replay.py": ["RESULT pruner_replay 1.5x best from 150: saved ="],
     "robustness.py": ["RESULT robustness smoke worst_survival =", "RESULT robustness smoke compute_ratio ="],
     "driver_rate.py": ["RESULT driver_rate sqlite =", "RESULT driver_rate tensorflow_imported = no"],
     "driver_footprint.py": [
