@@ -474,7 +474,6 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup)
 
 
-PRUNERS = ("none", "behind", "median", "asha")
 ASHA_REDUCTION = 3  # successive halving keeps the best third of the trials at each rung
 BEHIND_FACTOR = 1.5  # ``behind`` stops a trial whose loss is above this many times the best at the same step
 
