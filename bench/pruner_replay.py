@@ -10,10 +10,13 @@ default budget with no pruner (``python -m tuner launch --trials 30 --steps 600 
 ``--dir``. Every trial's intermediate values (the seeds' mean training loss every 25 steps) and its
 validation loss are recorded there.
 
-Replay: each rule walks the trials in the order they were asked; at each report step it sees the
-trial's own values so far and the earlier trials' values (all of them: with 2 slots the trial
-just before may in truth not have reached that step yet, so this is slightly optimistic for rules
-that compare). For each rule and study:
+Replay: each rule is a pruner as a launch makes it (Optuna's own classes and tuner's
+``BehindBestPruner``, from ``tuner.driver.search``), on an in-memory Optuna study. The recorded
+trials are replayed into it in the order they were asked, each reporting its values as the search
+does and asked ``should_prune`` at the steps the search asks it, and told as the search tells it,
+cut where the pruner stopped it. A trial sees the earlier trials as the pruner left them (all of
+them finished: with 2 slots the trial just before may in truth not have reached that step yet, so
+this is slightly optimistic for pruners that compare). For each rule and study:
 
 - **saved**: the share of the study's search steps (seeds x steps each trial trained) that the
   rule would not have trained (a stopped trial's remaining steps, its seeds together);
@@ -45,6 +48,8 @@ from dataclasses import dataclass
 
 import optuna
 from benchlib import ROOT, median, print_header, table
+
+from tuner.driver.search import BehindBestPruner, make_pruner, prune_start
 
 TRIALS, STEPS = 30, 600
 
@@ -90,64 +95,58 @@ def curves(path: str) -> list[Curve]:
     return sorted(out, key=lambda c: c.number)
 
 
-# A rule: (the trial's values so far, the earlier trials, the step) -> stop now?
-Rule = Callable[[dict[int, float], list[Curve], int], bool]
+# A rule: a fresh pruner and the first step at which the search asks it (``Budget.prune_from``)
+Rule = Callable[[], tuple[optuna.pruners.BasePruner, int]]
 
 
-def sha(min_step: int, eta: int) -> Rule:
-    """Optuna's SuccessiveHalvingPruner (asynchronous): at rungs min_step * eta^k, stop a trial not in
-    the best 1/eta of the trials that reached the rung (the first ones: unless it is the best)."""
-    rungs = [min_step * eta ** k for k in range(8) if min_step * eta ** k < STEPS]
-
-    def rule(own: dict[int, float], earlier: list[Curve], step: int) -> bool:
-        if step not in rungs:
-            return False
-        value = own[step]
-        competing = sorted([c.values[step] for c in earlier if step in c.values and not math.isnan(c.values[step])]
-                           + [value])
-        idx = max(len(competing) // eta - 1, 0)
-        return value > competing[idx]
-    return rule
+def shipped(kind: str) -> Rule:
+    """``--pruner KIND`` exactly as a launch of ``STEPS`` steps makes it."""
+    return lambda: (make_pruner(kind, STEPS), prune_start(kind, STEPS))
 
 
-def ratio(min_step: int, factor: float, survivors: bool = False) -> Rule:
-    """Stop from ``min_step`` on a trial whose loss is above ``factor`` x the best earlier loss at that
-    step (``survivors``: of the earlier trials that trained to the end without diverging)."""
-    def rule(own: dict[int, float], earlier: list[Curve], step: int) -> bool:
-        if step < min_step:
-            return False
-        best = [c.values[step] for c in earlier if step in c.values and not math.isnan(c.values[step])
-                and (not survivors or c.val_loss is not None)]
-        return len(best) >= 3 and own[step] > factor * min(best)
-    return rule
+def behind(min_step: int, factor: float) -> Rule:
+    """tuner's BehindBestPruner with another start step or factor."""
+    return lambda: (BehindBestPruner(min_step, factor), min_step)
 
 
-def median_rule(min_step: int, startup: int = 5) -> Rule:
-    """Optuna's MedianPruner: from ``min_step``, the trial's best value so far above the median of the
-    completed trials' values at that step."""
-    def rule(own: dict[int, float], earlier: list[Curve], step: int) -> bool:
-        if step < min_step:
-            return False
-        done = [c.values[step] for c in earlier if c.val_loss is not None and step in c.values]
-        if len(done) < startup:
-            return False
-        return min(v for s, v in own.items() if s <= step) > statistics.median(done)
-    return rule
+def asha(min_step: int, eta: int) -> Rule:
+    """Optuna's SuccessiveHalvingPruner, rungs at ``min_step`` x ``eta``^k, keeping the best 1/``eta``."""
+    return lambda: (optuna.pruners.SuccessiveHalvingPruner(min_resource=min_step, reduction_factor=eta,
+                                                            min_early_stopping_rate=0), min_step)
+
+
+def median_from(min_step: int) -> Rule:
+    """Optuna's MedianPruner (5 startup trials), asked from ``min_step`` on."""
+    return lambda: (optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0), min_step)
 
 
 def replay(study: list[Curve], rule: Rule) -> tuple[float, bool, float]:
-    """(share of steps saved, the best trial kept, regret) of ``rule`` on one study."""
+    """(share of steps saved, the best trial kept, regret) of ``rule`` on one study.
+
+    The trials are replayed in order into an in-memory Optuna study with the rule's pruner: each
+    reports its values as the search does and is asked ``should_prune`` at the steps the search asks
+    it (from ``prune_from``, before the last step); it is told as the search tells it (COMPLETE with
+    its validation loss; PRUNED where it diverged, its last value NaN, or where it was stopped)."""
+    pruner, prune_from = rule()
+    replayed = optuna.create_study(direction="minimize", pruner=pruner)
     total = sum(c.steps * c.seeds for c in study)
-    saved, kept, earlier = 0, [], []  # earlier: the trials so far as the rule left them (cut where it stopped them)
+    saved, kept = 0, []
     for c in study:
-        stop = next((s for s in sorted(c.values) if s < c.steps and not math.isnan(c.values[s])
-                     and rule({k: v for k, v in c.values.items() if k <= s}, earlier, s)), None)
-        if stop is None:
-            kept.append(c)
-            earlier.append(c)
-        else:
+        trial, stop = replayed.ask(), None
+        for step in sorted(c.values):
+            trial.report(c.values[step], step)
+            if (math.isfinite(c.values[step]) and prune_from <= step < c.steps and step < STEPS
+                    and trial.should_prune()):
+                stop = step
+                break
+        if stop is not None:
             saved += (c.steps - stop) * c.seeds
-            earlier.append(Curve(c.number, {k: v for k, v in c.values.items() if k <= stop}, stop, c.seeds, None))
+            replayed.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        elif c.val_loss is None:
+            replayed.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            kept.append(c)
+            replayed.tell(trial, c.val_loss)
     finite = [c.val_loss for c in study if c.val_loss is not None]
     best = min(finite) if finite else math.nan
     kept_finite = [c.val_loss for c in kept if c.val_loss is not None]
@@ -171,16 +170,16 @@ def spearman(pairs: list[tuple[float, float]]) -> float:
 
 
 RULES: dict[str, Rule] = {
-    "asha 150 x3 (today's --pruner asha)": sha(150, 3),
-    "asha 150 x4": sha(150, 4),
-    "asha 75 x3": sha(75, 3),
-    "asha 100 x3": sha(100, 3),
-    "median from 300": median_rule(300),
-    "median from 150": median_rule(150),
-    "median from 100": median_rule(100),
-    **{f"{f}x best from {m}" + (" (--pruner behind)" if (f, m) == (1.5, 150) else ""): ratio(m, f)
-       for m in (50, 100, 150) for f in (1.5, 2.0, 3.0)},
-    **{f"{f}x best survivor from {m}": ratio(m, f, True) for m in (50, 100, 150) for f in (1.3, 1.5, 2.0)},
+    "--pruner behind (1.5x best from 150)": shipped("behind"),
+    "--pruner asha (rungs 150, 450, best third)": shipped("asha"),
+    "--pruner median (from 300)": shipped("median"),
+    "asha from 150, best quarter": asha(150, 4),
+    "asha from 100, best third": asha(100, 3),
+    "asha from 75, best third": asha(75, 3),
+    "median from 150": median_from(150),
+    "median from 100": median_from(100),
+    **{f"{f}x best from {m}": behind(m, f) for m in (50, 100, 150) for f in (1.3, 2.0, 3.0)},
+    **{f"1.5x best from {m}": behind(m, 1.5) for m in (50, 100)},
 }
 
 

@@ -5,9 +5,12 @@ Timings are never asserted here (they belong in BENCHMARKS.md, measured on a qui
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import types
+from typing import Any
 
 import pytest
 
@@ -21,7 +24,7 @@ SCRIPTS = {
     "scaling.py": ["RESULT scaling end_to_end =", "RESULT scaling steady ="],
     "pruning.py": ["RESULT pruning steps_fraction =", "RESULT pruning cancel_latency ="],
     "search_efficiency.py": ["RESULT efficiency tpe =", "RESULT efficiency ratio ="],
-    "pruner_replay.py": ["RESULT pruner_replay 1.5x best from 150: saved ="],
+    "pruner_replay.py": ["RESULT pruner_replay --pruner behind: saved ="],
     "robustness.py": ["RESULT robustness smoke worst_survival =", "RESULT robustness smoke compute_ratio ="],
     "driver_rate.py": ["RESULT driver_rate sqlite =", "RESULT driver_rate tensorflow_imported = no"],
     "driver_footprint.py": [
@@ -56,3 +59,37 @@ def test_bench_scripts_are_all_smoke_tested() -> None:
     helpers = {"benchlib.py", "bare_loop.py", "ray_tune_baseline.py", "reference_grid.py", "telemetry_overhead.py"}
     checked_elsewhere = {"ui_screenshots.py"}  # a browser check, not a timing: tests/test_ui.py runs it
     assert scripts - helpers - checked_elsewhere == set(SCRIPTS)
+
+
+def _bench_module(name: str) -> types.ModuleType:
+    """A bench script, imported as a module."""
+    sys.path.insert(0, str(BENCH))  # its own ``from benchlib import ...``
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault(name, module)  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_pruner_replay_asks_the_shipped_pruner() -> None:
+    """bench/pruner_replay.py replays recorded trials through the pruner a launch makes: ``behind``
+    stops the trial far behind at its first step (a quarter of 600) and keeps the winner; ``none``
+    stops nothing; a diverged trial (NaN) is never the pruner's to stop."""
+    replay = _bench_module("pruner_replay")
+    steps = range(25, 601, 25)
+
+    def curve(number: int, loss: float, val: float | None, last: int = 600) -> Any:
+        values = {s: (loss if s < last or val is not None else float("nan")) for s in steps if s <= last}
+        return replay.Curve(number, values, last, 2, val)
+
+    study = [curve(0, 1.0, 0.30), curve(1, 0.9, 0.20), curve(2, 1.1, 0.25), curve(3, 0.7, None, last=400),
+             curve(4, 5.0, 0.90), curve(5, 0.8, 0.10)]
+    total = sum(c.steps * c.seeds for c in study)
+    saved, kept_best, regret = replay.replay(study, replay.shipped("behind"))
+    assert saved == pytest.approx((600 - 150) * 2 / total)  # trial 4, from step 150
+    assert kept_best and regret == 1.0
+    assert replay.replay(study, replay.shipped("none")) == (0.0, True, 1.0)
