@@ -104,9 +104,9 @@ def shipped(kind: str) -> Rule:
     return lambda: (make_pruner(kind, STEPS), prune_start(kind, STEPS))
 
 
-def behind(min_step: int, factor: float) -> Rule:
-    """tuner's BehindBestPruner with another start step or factor."""
-    return lambda: (BehindBestPruner(min_step, factor), min_step)
+def behind(min_step: int, factor: float, max_step: int | None = None) -> Rule:
+    """tuner's BehindBestPruner with another start step, last step or factor."""
+    return lambda: (BehindBestPruner(min_step, max_step, factor), min_step)
 
 
 def asha(min_step: int, eta: int) -> Rule:
@@ -170,7 +170,7 @@ def spearman(pairs: list[tuple[float, float]]) -> float:
 
 
 RULES: dict[str, Rule] = {
-    "--pruner behind (1.5x best from 150)": shipped("behind"),
+    "--pruner behind (1.5x best from 150 to 300)": shipped("behind"),
     "--pruner asha (rungs 150, 450, best third)": shipped("asha"),
     "--pruner median (from 300)": shipped("median"),
     "asha from 150, best quarter": asha(150, 4),
@@ -179,7 +179,9 @@ RULES: dict[str, Rule] = {
     "median from 150": median_from(150),
     "median from 100": median_from(100),
     **{f"{f}x best from {m}": behind(m, f) for m in (50, 100, 150) for f in (1.3, 2.0, 3.0)},
-    **{f"1.5x best from {m}": behind(m, 1.5) for m in (50, 100)},
+    **{f"1.5x best from {m}": behind(m, 1.5) for m in (50, 100, 150)},
+    **{f"{f}x best from {m} to {n}": behind(m, f, n) for m, n in ((100, 200), (100, 300), (150, 200))
+       for f in (1.3, 1.5)},
 }
 
 
@@ -204,6 +206,7 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not a line per replayed study
     os.makedirs(args.dir, exist_ok=True)
     if args.collect:
         for seed in (int(s) for s in args.sampler_seeds.split(",")):

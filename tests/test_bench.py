@@ -77,8 +77,9 @@ def _bench_module(name: str) -> types.ModuleType:
 
 def test_pruner_replay_asks_the_shipped_pruner() -> None:
     """bench/pruner_replay.py replays recorded trials through the pruner a launch makes: ``behind``
-    stops the trial far behind at its first step (a quarter of 600) and keeps the winner; ``none``
-    stops nothing; a diverged trial (NaN) is never the pruner's to stop."""
+    stops the trial far behind at its first step (a quarter of 600), not one behind only past half
+    the steps, and keeps the winner; ``none`` stops nothing; a diverged trial (NaN) is never the
+    pruner's to stop."""
     replay = _bench_module("pruner_replay")
     steps = range(25, 601, 25)
 
@@ -86,8 +87,10 @@ def test_pruner_replay_asks_the_shipped_pruner() -> None:
         values = {s: (loss if s < last or val is not None else float("nan")) for s in steps if s <= last}
         return replay.Curve(number, values, last, 2, val)
 
+    late = curve(6, 1.0, 0.50)
+    late.values.update({s: 5.0 for s in steps if s > 300})  # behind only past half the steps: batch noise there
     study = [curve(0, 1.0, 0.30), curve(1, 0.9, 0.20), curve(2, 1.1, 0.25), curve(3, 0.7, None, last=400),
-             curve(4, 5.0, 0.90), curve(5, 0.8, 0.10)]
+             curve(4, 5.0, 0.90), curve(5, 0.8, 0.10), late]
     total = sum(c.steps * c.seeds for c in study)
     saved, kept_best, regret = replay.replay(study, replay.shipped("behind"))
     assert saved == pytest.approx((600 - 150) * 2 / total)  # trial 4, from step 150

@@ -403,14 +403,18 @@ def test_search_behind_pruner_stops_a_trial_far_behind_the_best_only_once_three_
     assert max(behind.intermediate_values) == 60  # the first report at or past a quarter of the steps
 
 
-def test_behind_pruner_compares_finished_trials_at_the_same_step_from_its_first_step_on() -> None:
+def test_behind_pruner_compares_finished_trials_at_the_same_step_from_its_first_step_to_its_last() -> None:
     from tuner.driver.search import BehindBestPruner
 
-    study = optuna.create_study(pruner=BehindBestPruner(min_step=50))
-    for final in (1.0, 2.0, 3.0):  # finished trials: 1.0 is the best at step 50
+    study = optuna.create_study(pruner=BehindBestPruner(min_step=50, max_step=100))
+    for final in (1.0, 2.0, 3.0):  # finished trials: 1.0 is the best at step 50 (and at 125)
         t = study.ask()
         t.report(final, 50)
+        t.report(final, 125)
         study.tell(t, final)
+    late = study.ask()
+    late.report(9.0, 125)
+    assert not late.should_prune()  # past max_step: the loss there is mostly batch noise
     t = study.ask()
     t.report(100.0, 25)
     assert not t.should_prune()  # before min_step

@@ -69,7 +69,7 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--verify-steps", type=int, help="steps of a verification run (default: 2 x --steps)")
     p.add_argument("--pruner", choices=("none", "behind", "median", "asha"),
                    help="stop a finite trial whose loss is behind, never counted as diverged: behind (above 1.5x "
-                        "the lowest loss a finished trial had at the same step, from a quarter of the steps on), "
+                        "the lowest loss a finished trial had at the same step, from a quarter to half the steps), "
                         "median (behind the completed trials' median, from half its steps on) or asha (successive "
                         "halving: only the best third goes on at a quarter of the steps, and again at 3x that) "
                         "(default none)")

@@ -480,22 +480,25 @@ BEHIND_FACTOR = 1.5  # ``behind`` stops a trial whose loss is above this many ti
 
 class BehindBestPruner(optuna.pruners.BasePruner):
     """Stop a trial whose loss at a step is more than ``factor`` x the lowest loss that a finished
-    trial (survived, diverged later, or stopped later) had at the same step, from ``min_step`` on
-    and once ``min_trials`` finished trials reached that step. Running trials are not compared:
-    their values reach the storage in batches (tuner.driver.intermediate).
+    trial (survived, diverged later, or stopped later) had at the same step, between ``min_step``
+    and ``max_step`` and once ``min_trials`` finished trials reached that step. Running trials are
+    not compared: their values reach the storage in batches (tuner.driver.intermediate).
 
-    Chosen with bench/pruner_replay.py (BENCHMARKS.md): the training loss ranks the final
-    validation loss weakly on the shipped models (Spearman about 0.6 at a quarter of the steps),
-    so a rank cut (ASHA's best third) stops the eventual best too often; a trial far behind the
-    best is rarely the winner.
+    Chosen with bench/pruner_replay.py and real launches (BENCHMARKS.md): the training loss ranks the
+    final validation loss weakly on the shipped models (Spearman about 0.6 at a quarter of the
+    steps), so a rank cut (ASHA's best third) stops the eventual best too often; a trial far behind
+    the best is rarely the winner. Late in a run the training loss sits on a floor of batch noise
+    (BatchNorm's batch statistics), where the ratio stops good trials for little saving, hence
+    ``max_step``.
     """
 
-    def __init__(self, min_step: int, factor: float = BEHIND_FACTOR, min_trials: int = 3) -> None:
-        self.min_step, self.factor, self.min_trials = min_step, factor, min_trials
+    def __init__(self, min_step: int, max_step: int | None = None, factor: float = BEHIND_FACTOR,
+                 min_trials: int = 3) -> None:
+        self.min_step, self.max_step, self.factor, self.min_trials = min_step, max_step, factor, min_trials
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         step = trial.last_step
-        if step is None or step < self.min_step:
+        if step is None or step < self.min_step or (self.max_step is not None and step > self.max_step):
             return False
         value = trial.intermediate_values[step]
         if not math.isfinite(value):
@@ -519,13 +522,13 @@ def make_pruner(kind: str, steps: int = 0) -> optuna.pruners.BasePruner:
     Each only ever stops a finite trial whose mean training loss (``loss_mean``, over the steps
     since the last report, the seeds averaged) is behind, and only from :func:`prune_start` on:
     such a trial is STOPPED, never counted as diverged. ``behind``: above 1.5x the lowest loss a
-    finished trial had at the same step (:class:`BehindBestPruner`). ``median``: behind the median
-    of the completed trials at the same step (Optuna's MedianPruner once 5 trials completed). ``asha``:
-    not in the best third of the trials that reached the same rung (Optuna's
+    finished trial had at the same step, up to half the steps (:class:`BehindBestPruner`).
+    ``median``: behind the median of the completed trials at the same step (Optuna's MedianPruner
+    once 5 trials completed). ``asha``: not in the best third of the trials that reached the same rung (Optuna's
     SuccessiveHalvingPruner, asynchronous: rungs at a quarter of the steps, then 3x, 9x that).
     """
     if kind == "behind":
-        return BehindBestPruner(prune_start(kind, steps))
+        return BehindBestPruner(prune_start(kind, steps), max_step=steps // 2)
     if kind == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
     if kind == "asha":
