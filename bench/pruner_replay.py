@@ -125,7 +125,7 @@ def replay(study: list[Curve], rule: Rule) -> tuple[float, bool, float]:
 
     The trials are replayed in order into an in-memory Optuna study with the rule's pruner: each
     reports its values as the search does and is asked ``should_prune`` at the steps the search asks
-    it (from ``prune_from``, before the last step); it is told as the search tells it (COMPLETE with
+    it (from ``prune_from`` if not 0, before the last step); it is told as the search tells it (COMPLETE with
     its validation loss; PRUNED where it diverged, its last value NaN, or where it was stopped)."""
     pruner, prune_from = rule()
     replayed = optuna.create_study(direction="minimize", pruner=pruner)
@@ -135,7 +135,7 @@ def replay(study: list[Curve], rule: Rule) -> tuple[float, bool, float]:
         trial, stop = replayed.ask(), None
         for step in sorted(c.values):
             trial.report(c.values[step], step)
-            if (math.isfinite(c.values[step]) and prune_from <= step < c.steps and step < STEPS
+            if (math.isfinite(c.values[step]) and 0 < prune_from <= step < c.steps and step < STEPS
                     and trial.should_prune()):
                 stop = step
                 break
