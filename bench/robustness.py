@@ -41,7 +41,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -112,12 +111,12 @@ def measure(trials: int, steps: int, seed: int, held_out_seeds: int, smoke: bool
             result["survived"], result["runs_held_out"], result["val_loss"] = held_out(
                 tmp, steps, held_out_seeds, seed)
         row[name] = result
-    for unit, key in (("seconds", "compute_ratio"), ("steps", "steps_ratio")) if "norace" in row else ():
-        now, norace = row["now"][unit], row["norace"][unit]
-        spent = now["search"] + now["race"] + now["verify"]
-        row[key] = spent / norace["search"] if norace["search"] else float("nan")
-        row[f"{key}_margin"] = (spent + now["margin"]) / norace["search"] if norace["search"] else float("nan")
     if "norace" in row:
+        for unit, key in (("seconds", "compute_ratio"), ("steps", "steps_ratio")):
+            now, norace = row["now"][unit], row["norace"][unit]
+            spent = now["search"] + now["race"] + now["verify"]
+            row[key] = spent / norace["search"] if norace["search"] else float("nan")
+            row[f"{key}_margin"] = (spent + now["margin"]) / norace["search"] if norace["search"] else float("nan")
         row["wall_ratio"] = row["now"]["wall"] / row["norace"]["wall"]
     if "alt" in row:  # tuner now against itself with --alt-flags (the pruner off, say)
         now, alt = row["now"]["steps"], row["alt"]["steps"]
@@ -170,12 +169,8 @@ def print_norace(rows: list[dict[str, Any]]) -> None:
 def summarise(budget: str, rows: list[dict[str, Any]]) -> dict[str, float]:
     """The worst held-out rates and the median ratios of one budget, with RESULT lines."""
     s = {"worst_now": min(rate(r["now"]) for r in rows)}
-
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "MISSED"
-
     if "norace" in rows[0]:
-        summarise_norace(budget, rows, s, verdict)
+        summarise_norace(budget, rows, s)
     if "alt" in rows[0]:
         s["worst_alt"] = min(rate(r["alt"]) for r in rows)
         for key in ("steps_saved", "search_steps_saved", "val_loss_ratio"):
@@ -186,8 +181,12 @@ def summarise(budget: str, rows: list[dict[str, Any]]) -> dict[str, float]:
     return s
 
 
-def summarise_norace(budget: str, rows: list[dict[str, Any]], s: dict[str, float],
-                     verdict: Callable[[bool], str]) -> None:
+def verdict(ok: bool) -> str:
+    """A goal's word in a RESULT line."""
+    return "met" if ok else "MISSED"
+
+
+def summarise_norace(budget: str, rows: list[dict[str, Any]], s: dict[str, float]) -> None:
     """The RESULT lines of tuner now against the launch before racing and verification."""
     s |= {"worst_norace": min(rate(r["norace"]) for r in rows),
          "compute_ratio": median([r["compute_ratio"] for r in rows]),

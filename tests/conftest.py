@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +69,21 @@ def stores(tmp_path: Path) -> dict[str, str]:
         "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
         "dir": str(tmp_path),
     }
+
+
+def bench_module(name: str) -> types.ModuleType:
+    """The bench script ``bench/NAME.py``, imported as a module (its ``from benchlib import ...`` too)."""
+    bench = str(ROOT / "bench")
+    sys.path.insert(0, bench)
+    try:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules.setdefault(name, module)  # its dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(bench)
 
 
 def terminal_sigint() -> None:

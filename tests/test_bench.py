@@ -5,16 +5,14 @@ Timings are never asserted here (they belong in BENCHMARKS.md, measured on a qui
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
-import types
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, bench_module
 
 BENCH = ROOT / "bench"
 
@@ -61,26 +59,12 @@ def test_bench_scripts_are_all_smoke_tested() -> None:
     assert scripts - helpers - checked_elsewhere == set(SCRIPTS)
 
 
-def _bench_module(name: str) -> types.ModuleType:
-    """A bench script, imported as a module."""
-    sys.path.insert(0, str(BENCH))  # its own ``from benchlib import ...``
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules.setdefault(name, module)  # its dataclasses look their module up there
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(BENCH))
-
-
 def test_pruner_replay_asks_the_shipped_pruner() -> None:
     """bench/pruner_replay.py replays recorded trials through the pruner a launch makes: ``behind``
     stops the trial far behind at its first step (a quarter of 600), not one behind only past half
     the steps, and keeps the winner; ``none`` stops nothing; a diverged trial (NaN) is never the
     pruner's to stop."""
-    replay = _bench_module("pruner_replay")
+    replay = bench_module("pruner_replay")
     steps = range(25, 601, 25)
 
     def curve(number: int, loss: float, val: float | None, last: int = 600) -> Any:

@@ -5,13 +5,13 @@ See tuner.driver.mlflow_ui and bench/ui_screenshots.py.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT, bench_module
 from tuner.records import (
     DivergedOn,
     Forensics,
@@ -22,8 +22,6 @@ from tuner.records import (
     TrialOutcome,
     TrialState,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def diverged_outcome(number: int) -> TrialOutcome:
@@ -96,12 +94,7 @@ def test_tracker_keeps_an_experiment_description_the_user_wrote(tmp_path: Path,
 
 
 def _chromium() -> str | None:
-    spec = importlib.util.spec_from_file_location("ui_screenshots", ROOT / "bench" / "ui_screenshots.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("ui_screenshots", module)  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module.find_chromium()
+    return bench_module("ui_screenshots").find_chromium()
 
 
 @pytest.mark.slow

@@ -524,8 +524,9 @@ def make_pruner(kind: str, steps: int = 0) -> optuna.pruners.BasePruner:
     such a trial is STOPPED, never counted as diverged. ``behind``: above 1.5x the lowest loss a
     finished trial had at the same step, up to half the steps (:class:`BehindBestPruner`).
     ``median``: behind the median of the completed trials at the same step (Optuna's MedianPruner
-    once 5 trials completed). ``asha``: not in the best third of the trials that reached the same rung (Optuna's
-    SuccessiveHalvingPruner, asynchronous: rungs at a quarter of the steps, then 3x, 9x that).
+    once 5 trials completed). ``asha``: not in the best third of the trials that reached the same
+    rung (Optuna's SuccessiveHalvingPruner, asynchronous: rungs at a quarter of the steps, then 3x,
+    9x that).
     """
     if kind == "behind":
         return BehindBestPruner(prune_start(kind, steps), max_step=steps // 2)
