@@ -6,6 +6,8 @@ import http.server
 import logging
 import os
 import re
+import sqlite3
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -76,6 +78,27 @@ def test_check_targets_good_targets_pass_and_create_nothing(tmp_path: Path) -> N
     check_targets(_config(tmp_path))
     check_database("sqlite://", "--storage")  # in memory
     assert list(tmp_path.iterdir()) == []
+
+
+_KILLED_WRITER = """
+import os, signal, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("create table t (x text)")
+db.execute("pragma cache_size=1")  # spill to the file mid-transaction: the journal left behind is hot
+db.execute("begin")
+for _ in range(2000):
+    db.execute("insert into t values (?)", ("x" * 500,))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_check_targets_pass_a_database_whose_writer_was_killed_mid_transaction(tmp_path: Path) -> None:
+    """A launch killed with SIGKILL leaves a hot journal; the same command must go on, not call it junk."""
+    subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(tmp_path / "t.db")], check=False)
+    assert (tmp_path / "t.db-journal").exists()
+    check_targets(_config(tmp_path))
+    with sqlite3.connect(tmp_path / "t.db") as db:  # the next writer rolls the journal back
+        assert db.execute("select count(*) from t").fetchone() == (0,)
 
 
 @pytest.mark.parametrize(("uri", "message"), [

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import os
-import sqlite3
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -95,6 +94,9 @@ def check_database(url: str, flag: str) -> None:
         _check_server(url, parsed.get_backend_name(), flag, shown)
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
 def _check_sqlite(database: str | None, flag: str, shown: str) -> None:
     if not database or database == ":memory:" or database.startswith("file:"):
         return
@@ -106,13 +108,15 @@ def _check_sqlite(database: str | None, flag: str, shown: str) -> None:
         raise ConfigError(f"{flag} {shown}: the folder {folder} does not exist; create it or fix the path")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK | os.W_OK)):
         raise ConfigError(f"{flag} {shown}: {path} cannot be written; fix its permissions or choose another path")
+    # The file's header, not a connection: a launch killed mid-write leaves a hot journal, and a
+    # read-only connection then fails ("attempt to write a readonly database") where the next
+    # writer would simply roll the journal back.
     if path.exists():
-        try:
-            with sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True) as db:
-                db.execute("select count(*) from sqlite_master").fetchone()
-        except sqlite3.Error as exc:
-            raise ConfigError(f"{flag} {shown}: {path} is not a SQLite database ({exc}); "
-                              "point it at a database file or a new path") from exc
+        with path.open("rb") as file:
+            header = file.read(len(_SQLITE_HEADER))
+        if header and header != _SQLITE_HEADER:
+            raise ConfigError(f"{flag} {shown}: {path} is not a SQLite database (it does not start with "
+                              "SQLite's header); point it at a database file or a new path")
 
 
 def _check_server(url: str, backend: str, flag: str, shown: str) -> None:
