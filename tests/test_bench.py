@@ -5,6 +5,7 @@ Timings are never asserted here (they belong in BENCHMARKS.md, measured on a qui
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ SCRIPTS = {
     "pruning.py": ["RESULT pruning steps_fraction =", "RESULT pruning cancel_latency ="],
     "search_efficiency.py": ["RESULT efficiency tpe =", "RESULT efficiency ratio ="],
     "pruner_replay.py": ["RESULT pruner_replay --pruner behind: saved ="],
+    "pruner_signals.py": ["RESULT pruner_signals best_rank =", "RESULT pruner_signals seed_to_seed ="],
     "robustness.py": ["RESULT robustness smoke worst_survival =", "RESULT robustness smoke compute_ratio ="],
     "driver_rate.py": ["RESULT driver_rate sqlite =", "RESULT driver_rate tensorflow_imported = no"],
     "driver_footprint.py": [
@@ -80,3 +82,23 @@ def test_pruner_replay_asks_the_shipped_pruner() -> None:
     assert saved == pytest.approx((600 - 150) * 2 / total)  # trial 4, from step 150
     assert kept_best and regret == 1.0
     assert replay.replay(study, replay.shipped("none")) == (0.0, True, 1.0)
+
+
+def test_pruner_signals_reads_the_steps_as_a_launch_reports_them() -> None:
+    """bench/pruner_signals.py's reports: the seeds' mean of the 25 step losses before each report
+    step (what the search reports, from tuner.worker.telemetry's ``loss_mean``), another window's
+    median where asked, and NaN just after a diverged trial's last finite step."""
+    signals = bench_module("pruner_signals")
+    first = [float(i) for i in range(1, 601)]  # the loss at step k is k
+    second = [2.0 * x for x in first]
+    trials = {"0": {"value": 0.5, "state": "COMPLETE",
+                    "seeds": {"7": {"losses": first, "val": 0.4}, "8": {"losses": second, "val": 0.6}}},
+              "1": {"value": None, "state": "PRUNED",
+                    "seeds": {"9": {"losses": first[:130], "val": None}, "10": {"losses": second[:140], "val": None}}}}
+    done, diverged = signals.curves(trials, signals.SIGNALS["mean of 25 (what a launch reports)"])
+    assert (done.steps, done.seeds, done.val_loss) == (600, 2, 0.5)
+    assert done.values[25] == pytest.approx(1.5 * 13.0) and done.values[600] == pytest.approx(1.5 * 588.0)
+    assert sorted(diverged.values) == [*range(25, 126, 25), 131] and math.isnan(diverged.values[131])
+    assert (diverged.steps, diverged.val_loss) == (131, None)
+    median = signals.curves(trials, signals.SIGNALS["median of 100"])[0]
+    assert median.values[300] == pytest.approx(1.5 * 250.5)

@@ -1,0 +1,219 @@
+"""Pruner signals: can any early reading of a trial's training loss rank its final validation loss better?
+
+bench/pruner_replay.py replays stopping rules over the values a launch reports (each seed's mean
+training loss over the 25 steps before a report). This asks whether another reading of the same
+runs would rank better, and how well anything could: the recorded studies' trials (the ``--dir``
+of pruner_replay, ``study-S.db``) are retrained, every seed as the search ran it, with every
+step's training loss kept (``study-S.steps.json``; in a subprocess under ``BENCH_LOCK``, the only
+part that imports TensorFlow). Retraining is exact: the seeds' mean validation loss is checked
+against the value the study holds. Then, per signal (the mean, median or geometric mean of the
+last 25, 50 or 100 steps' losses, or their minimum):
+
+- **Spearman**: how well the signal at a sixth, a quarter and half of the steps ranks the
+  survivors' final validation loss (the mean of their seeds, what the search ranks), averaged over
+  the studies;
+- **replay**: the saving, winner kept and worst regret of ``--pruner behind`` and ``asha`` (as a
+  launch makes them) when the reports carry this signal instead.
+
+And the ceiling: how well one seed's final validation loss ranks another seed's (the survivors'
+two search seeds), against how well the first seed's training loss at a quarter of the steps does.
+An early signal cannot rank a config's quality much better than a second seed of the same config does.
+
+    BENCH_LOCK=/tmp/tf.lock .venv/bin/python bench/pruner_signals.py --dir /tmp/replay   # about 2 min a study
+    .venv/bin/python bench/pruner_signals.py --smoke    # one study of 4 trials x 100 steps, in a temporary folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+
+import pruner_replay as pr
+from benchlib import ROOT, median, print_header, table
+
+REPORT_EVERY = 25  # the launch's report interval (pruner_replay's studies use the default)
+
+
+def record(path: str) -> None:
+    """Retrain every finished trial of study ``path`` (each of its seeds) and write every step's loss."""
+    import optuna
+    import tensorflow as tf
+
+    from tuner.models import load_model
+    from tuner.records import RunSpec
+    from tuner.spaces import config_from_flat
+    from tuner.worker.graph import build, session_config
+    from tuner.worker.train import Stepper
+
+    tf.compat.v1.disable_eager_execution()
+    model = load_model("iterated_mlp")
+    study = optuna.load_study(study_name="iterated_mlp", storage=f"sqlite:///{path}")
+    out = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            continue
+        trial = t.user_attrs["tuner.trial"]
+        config = config_from_flat(trial["config"])
+        data = model.data(config.knobs)
+        seeds = {}
+        for seed in (s["seed"] for s in trial["seeds"]):
+            built = build(model, config, seed, lambda: False)
+            spec = RunSpec(trial=t.number, seed=seed, model="iterated_mlp", config=config, steps=pr.STEPS)
+            with tf.compat.v1.Session(graph=built.graph, config=session_config(1, gpu=False)) as sess:
+                built.start(sess, config)
+                stepper = Stepper(sess, built, data, spec)
+                for step in range(1, pr.STEPS + 1):
+                    if stepper.step(step) is not None:
+                        break
+                losses, val = stepper.telemetry.losses, None
+                if len(losses) == pr.STEPS:  # survived: its validation loss, as the search measures it
+                    val = float(sess.run(built.val_loss, stepper.feed_arrays(data.val)))
+            seeds[str(seed)] = {"losses": losses, "val": val}
+        out[str(t.number)] = {"value": t.value, "state": t.state.name, "seeds": seeds}
+    with open(f"{path[:-3]}.steps.json.part", "w") as f:
+        json.dump(out, f)
+    os.replace(f"{path[:-3]}.steps.json.part", f"{path[:-3]}.steps.json")
+
+
+def record_missing(directory: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    lock = ["flock", os.environ["BENCH_LOCK"]] if os.environ.get("BENCH_LOCK") else []
+    for path in sorted(glob.glob(os.path.join(directory, "study-*.db"))):
+        if not os.path.exists(f"{path[:-3]}.steps.json"):
+            done = subprocess.run([*lock, sys.executable, __file__, "--record", path, "--steps", str(pr.STEPS)],
+                                  env=env, capture_output=True, text=True)
+            if done.returncode:
+                sys.exit(f"retraining {path} failed:\n{done.stderr[-4000:]}")
+            print(f"retrained {os.path.basename(path)}", flush=True)
+
+
+Signal = Callable[[Sequence[float], int], float]  # (a seed's step losses, the report step) -> its value there
+
+
+def window(stat: Callable[[Sequence[float]], float], width: int) -> Signal:
+    return lambda losses, step: stat(losses[max(0, step - width):step])
+
+
+def gmean(xs: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(max(x, 1e-12)) for x in xs))
+
+
+SIGNALS: dict[str, Signal] = {
+    "mean of 25 (what a launch reports)": window(statistics.fmean, 25),
+    "median of 25": window(statistics.median, 25),
+    "median of 50": window(statistics.median, 50),
+    "median of 100": window(statistics.median, 100),
+    "geometric mean of 25": window(gmean, 25),
+    "geometric mean of 50": window(gmean, 50),
+    "mean of 100": window(statistics.fmean, 100),
+    "minimum of 25": window(min, 25),
+}
+
+
+def curves(trials: dict, signal: Signal) -> list[pr.Curve]:
+    """The study's trials as pruner_replay's curves, their reports carrying ``signal``."""
+    out = []
+    for number, t in sorted(trials.items(), key=lambda kv: int(kv[0])):
+        runs = list(t["seeds"].values())
+        last = min(len(r["losses"]) for r in runs)
+        values = {s: statistics.fmean(signal(r["losses"], s) for r in runs)
+                  for s in range(REPORT_EVERY, pr.STEPS + 1, REPORT_EVERY) if s <= last}
+        finite = t["state"] == "COMPLETE"
+        if not finite:
+            values[last + 1] = math.nan  # the search reports NaN at the divergence step
+        out.append(pr.Curve(int(number), values, pr.STEPS if finite else last + 1, len(runs),
+                            t["value"] if finite else None))
+    return out
+
+
+def ceiling(trials: dict) -> tuple[float, float]:
+    """(one seed's final validation loss ranking the other's; the first seed's signal at a quarter doing so)."""
+    quarter = pr.STEPS // 4
+    pairs = [list(t["seeds"].values()) for t in trials.values() if t["state"] == "COMPLETE"]
+    pairs = [p for p in pairs if len(p) == 2 and None not in (p[0]["val"], p[1]["val"])]
+    seed_to_seed = pr.spearman([(a["val"], b["val"]) for a, b in pairs])
+    early = pr.spearman([(statistics.fmean(a["losses"][quarter - 25:quarter]), b["val"]) for a, b in pairs])
+    return seed_to_seed, early
+
+
+def mean_finite(xs: Sequence[float]) -> float:
+    finite = [x for x in xs if not math.isnan(x)]
+    return statistics.fmean(finite) if finite else math.nan
+
+
+def run(directory: str) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not a line per replayed study
+    record_missing(directory)
+    paths = sorted(glob.glob(os.path.join(directory, "study-*.steps.json")))
+    if not paths:
+        sys.exit(f"no study-*.db in {directory}: record some with bench/pruner_replay.py --collect")
+    studies = {}
+    for path in paths:
+        with open(path) as f:
+            studies[os.path.basename(path)[6:-11]] = json.load(f)
+    print_header(f"pruner signals over {len(studies)} retrained studies ({pr.TRIALS} trials x {pr.STEPS} steps)")
+    worst = max(abs(statistics.fmean(r["val"] for r in t["seeds"].values()) - t["value"]) / t["value"]
+                for s in studies.values() for t in s.values() if t["state"] == "COMPLETE")
+    print(f"retrained trials reproduce the studies' validation losses: worst relative difference {worst:.1e}")
+    checkpoints = tuple(max(REPORT_EVERY, pr.STEPS // k // REPORT_EVERY * REPORT_EVERY) for k in (6, 4, 2))
+    rules = {"behind": pr.shipped("behind"), "asha": pr.shipped("asha")}
+    rows = []
+    for label, signal in SIGNALS.items():
+        study_curves = [curves(trials, signal) for trials in studies.values()]
+        ranks = [mean_finite([pr.spearman([(c.values[s], c.val_loss) for c in cs
+                                           if c.val_loss is not None and s in c.values]) for cs in study_curves])
+                 for s in checkpoints]
+        row: list[object] = [label, *ranks]
+        for rule in rules.values():
+            results = [pr.replay(cs, rule) for cs in study_curves]
+            row += [median([r[0] for r in results]), f"{sum(r[1] for r in results)} of {len(results)}",
+                    max(r[2] for r in results)]
+        rows.append(row)
+    print(table(["signal", *(f"Spearman at {s}" for s in checkpoints),
+                 *(f"{k}: {col}" for k in rules for col in ("saved", "winner kept", "worst regret"))], rows))
+    ceilings = [ceiling(trials) for trials in studies.values()]
+    print(table(["study", "seed A's val ranks seed B's", f"seed A's loss at {pr.STEPS // 4} ranks seed B's val"],
+                [[name, *c] for name, c in zip(studies, ceilings, strict=True)]))
+    best = max(rows, key=lambda r: r[2])
+    print(f"RESULT pruner_signals best_rank = {best[2]:.3f} at step {checkpoints[1]} ({best[0]}; "
+          f"the reported mean: {rows[0][2]:.3f})")
+    print(f"RESULT pruner_signals seed_to_seed = {median([c[0] for c in ceilings]):.3f} (median Spearman of one "
+          f"seed's final val loss with another's; one seed's loss at step {checkpoints[1]}: "
+          f"{median([c[1] for c in ceilings]):.3f})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dir", help="folder of pruner_replay's recorded studies (study-S.db)")
+    p.add_argument("--smoke", action="store_true", help="record, retrain and read one study of 4 trials x 100 steps")
+    p.add_argument("--record", metavar="STUDY_DB", help=argparse.SUPPRESS)  # the retraining subprocess
+    p.add_argument("--steps", type=int, default=pr.STEPS, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    pr.STEPS = args.steps
+    if args.record:
+        record(args.record)
+        return
+    if args.smoke:
+        pr.TRIALS, pr.STEPS = 4, 100
+        with tempfile.TemporaryDirectory(prefix="tuner-pruner-signals-") as tmp:
+            pr.collect(tmp, 0)
+            run(tmp)
+        return
+    if not args.dir:
+        p.error("--dir is required (or --smoke)")
+    run(args.dir)
+
+
+if __name__ == "__main__":
+    main()
