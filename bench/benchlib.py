@@ -110,6 +110,15 @@ def tf_import_seconds() -> float:
     return time.perf_counter() - started
 
 
+def python_locked(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """Run ``python ARGV`` with the repository importable and TensorFlow's logs quiet, under
+    ``flock $BENCH_LOCK`` where that is set (a machine shared with tests); output captured as text."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "TF_CPP_MIN_LOG_LEVEL": "2"}
+    lock = ["flock", os.environ["BENCH_LOCK"]] if os.environ.get("BENCH_LOCK") else []
+    return subprocess.run([*lock, sys.executable, *argv], env=env, capture_output=True, text=True, **kwargs)
+
+
 def run_part(script: str, args: Sequence[str], timeout: float = 1800) -> dict[str, Any]:
     """Run ``bench/<script> ARGS --json FILE`` in a fresh process; return what it wrote to FILE."""
     with tempfile.TemporaryDirectory(prefix="tuner-bench-") as tmp:

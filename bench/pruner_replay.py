@@ -40,14 +40,13 @@ import glob
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
-from benchlib import ROOT, median, print_header, table
+from benchlib import median, print_header, python_locked, table
 
 from tuner.driver.search import BehindBestPruner, make_pruner, prune_start
 
@@ -67,14 +66,10 @@ def collect(directory: str, seed: int) -> None:
     path = os.path.join(directory, f"study-{seed}.db")
     if os.path.exists(path):
         return
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
-    lock = ["flock", os.environ["BENCH_LOCK"]] if os.environ.get("BENCH_LOCK") else []
     argv = ["launch", "--trials", str(TRIALS), "--steps", str(STEPS), "--study", "iterated_mlp", "--storage", f"sqlite:///{path}.part",
             "--out", os.path.join(directory, f"best-{seed}.yaml"), "--race-seeds", "0", "--verify-seeds", "0",
             "--no-margin", "--pruner", "none", "--no-tracking", "--no-live", "--num-cpus", "2", "--seed", str(seed)]
-    done = subprocess.run([*lock, sys.executable, "-m", "tuner", *argv], cwd=directory, env=env,
-                          capture_output=True, text=True)
+    done = python_locked(["-m", "tuner", *argv], cwd=directory)
     if done.returncode not in (0, 3):
         sys.exit(f"the launch for S={seed} exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
     os.replace(f"{path}.part", path)

@@ -31,13 +31,12 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 
 import pruner_replay as pr
-from benchlib import ROOT, median, print_header, table
+from benchlib import median, print_header, python_locked, table
 
 REPORT_EVERY = 25  # the launch's report interval (pruner_replay's studies use the default)
 
@@ -84,13 +83,9 @@ def record(path: str) -> None:
 
 
 def record_missing(directory: str) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
-    lock = ["flock", os.environ["BENCH_LOCK"]] if os.environ.get("BENCH_LOCK") else []
     for path in sorted(glob.glob(os.path.join(directory, "study-*.db"))):
         if not os.path.exists(f"{path[:-3]}.steps.json"):
-            done = subprocess.run([*lock, sys.executable, __file__, "--record", path, "--steps", str(pr.STEPS)],
-                                  env=env, capture_output=True, text=True)
+            done = python_locked([__file__, "--record", path, "--steps", str(pr.STEPS)])
             if done.returncode:
                 sys.exit(f"retraining {path} failed:\n{done.stderr[-4000:]}")
             print(f"retrained {os.path.basename(path)}", flush=True)

@@ -35,16 +35,14 @@ set to a file, every ``python -m tuner`` runs under ``flock`` on it (a machine s
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
 
 import optuna
-from benchlib import ROOT, median, print_header, table, write_json
+from benchlib import median, print_header, python_locked, table, write_json
 
 BUDGETS = {"small": (8, 300), "default": (30, 600)}  # name -> (trials, steps)
 SMOKE = (3, 60)
@@ -60,11 +58,7 @@ Z95 = 1.959963984540054
 
 def tuner(argv: list[str], cwd: str) -> tuple[int, str]:
     """Run ``python -m tuner ARGV`` in ``cwd``; its exit status and stdout. Stops on an abnormal exit."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
-    lock = ["flock", os.environ["BENCH_LOCK"]] if os.environ.get("BENCH_LOCK") else []  # a machine shared
-    done = subprocess.run([*lock, sys.executable, "-m", "tuner", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=4 * 3600)
+    done = python_locked(["-m", "tuner", *argv], cwd=cwd, timeout=4 * 3600)
     if done.returncode not in NORMAL_EXITS:
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-8000:])
         sys.exit(f"python -m tuner {' '.join(argv)} exited {done.returncode}")
