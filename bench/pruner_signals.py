@@ -4,10 +4,12 @@ bench/pruner_replay.py replays stopping rules over the values a launch reports (
 training loss over the 25 steps before a report). This asks whether another reading of the same
 runs would rank better, and how well anything could: the recorded studies' trials (the ``--dir``
 of pruner_replay, ``study-S.db``) are retrained, every seed as the search ran it, with every
-step's training loss kept (``study-S.steps.json``; in a subprocess under ``BENCH_LOCK``, the only
-part that imports TensorFlow). Retraining is exact: the seeds' mean validation loss is checked
-against the value the study holds. Then, per signal (the mean, median or geometric mean of the
-last 25, 50 or 100 steps' losses, or their minimum):
+step's training loss kept, and the validation loss at each report step up to half the steps
+(``study-S.steps.json``; in a subprocess under ``BENCH_LOCK``, the only part that imports
+TensorFlow). Retraining is exact: the seeds' mean validation loss is checked against the value the
+study holds. Then, per signal (the mean, median or geometric mean of the last 25, 50 or 100 steps'
+losses, or their minimum; or the validation loss in ``behind``'s window, what a launch with
+``--pruner behind`` reports there):
 
 - **Spearman**: how well the signal at a sixth, a quarter and half of the steps ranks the
   survivors' final validation loss (the mean of their seeds, what the search ranks), averaged over
@@ -38,6 +40,8 @@ from collections.abc import Callable, Sequence
 import pruner_replay as pr
 from benchlib import median, print_header, python_locked, table
 
+from tuner.driver.search import early_val_window
+
 REPORT_EVERY = 25  # the launch's report interval (pruner_replay's studies use the default)
 
 
@@ -66,16 +70,19 @@ def record(path: str) -> None:
         for seed in (s["seed"] for s in trial["seeds"]):
             built = build(model, config, seed, lambda: False)
             spec = RunSpec(trial=t.number, seed=seed, model="iterated_mlp", config=config, steps=pr.STEPS)
+            val_at: dict[str, float] = {}  # report step -> the validation loss there (up to half the steps)
             with tf.compat.v1.Session(graph=built.graph, config=session_config(1, gpu=False)) as sess:
                 built.start(sess, config)
                 stepper = Stepper(sess, built, data, spec)
                 for step in range(1, pr.STEPS + 1):
                     if stepper.step(step) is not None:
                         break
+                    if step % REPORT_EVERY == 0 and step <= pr.STEPS // 2:
+                        val_at[str(step)] = float(sess.run(built.val_loss, stepper.feed_arrays(data.val)))
                 losses, val = stepper.telemetry.losses, None
                 if len(losses) == pr.STEPS:  # survived: its validation loss, as the search measures it
                     val = float(sess.run(built.val_loss, stepper.feed_arrays(data.val)))
-            seeds[str(seed)] = {"losses": losses, "val": val}
+            seeds[str(seed)] = {"losses": losses, "val": val, "val_at": val_at}
         out[str(t.number)] = {"value": t.value, "state": t.state.name, "seeds": seeds}
     with open(f"{path[:-3]}.steps.json.part", "w") as f:
         json.dump(out, f)
@@ -91,11 +98,20 @@ def record_missing(directory: str) -> None:
             print(f"retrained {os.path.basename(path)}", flush=True)
 
 
-Signal = Callable[[Sequence[float], int], float]  # (a seed's step losses, the report step) -> its value there
+Signal = Callable[[dict, int], float]  # (a seed's run: "losses", "val_at"; the report step) -> its value there
 
 
 def window(stat: Callable[[Sequence[float]], float], width: int) -> Signal:
-    return lambda losses, step: stat(losses[max(0, step - width):step])
+    return lambda run, step: stat(run["losses"][max(0, step - width):step])
+
+
+def behind_reports(run: dict, step: int) -> float:
+    """What a launch with ``--pruner behind`` reports: the validation loss in the pruner's window
+    (tuner.driver.search.early_val_window), the mean training loss of the last 25 steps elsewhere."""
+    first, last = early_val_window("behind", pr.STEPS) or (0, -1)
+    if first <= step <= last:
+        return run["val_at"][str(step)]
+    return statistics.fmean(run["losses"][max(0, step - REPORT_EVERY):step])
 
 
 def gmean(xs: Sequence[float]) -> float:
@@ -104,6 +120,7 @@ def gmean(xs: Sequence[float]) -> float:
 
 SIGNALS: dict[str, Signal] = {
     "mean of 25 (what a launch reports)": window(statistics.fmean, 25),
+    "val loss from 1/4 to 1/3 of the steps (--pruner behind)": behind_reports,
     "median of 25": window(statistics.median, 25),
     "median of 50": window(statistics.median, 50),
     "median of 100": window(statistics.median, 100),
@@ -120,7 +137,7 @@ def curves(trials: dict, signal: Signal) -> list[pr.Curve]:
     for number, t in sorted(trials.items(), key=lambda kv: int(kv[0])):
         runs = list(t["seeds"].values())
         last = min(len(r["losses"]) for r in runs)
-        values = {s: statistics.fmean(signal(r["losses"], s) for r in runs)
+        values = {s: statistics.fmean(signal(r, s) for r in runs)
                   for s in range(REPORT_EVERY, pr.STEPS + 1, REPORT_EVERY) if s <= last}
         finite = t["state"] == "COMPLETE"
         if not finite:
@@ -180,6 +197,9 @@ def run(directory: str) -> None:
     ceilings = [ceiling(trials) for trials in studies.values()]
     print(table(["study", "seed A's val ranks seed B's", f"seed A's loss at {pr.STEPS // 4} ranks seed B's val"],
                 [[name, *c] for name, c in zip(studies, ceilings, strict=True)]))
+    shipped = next(r for r in rows if SIGNALS[str(r[0])] is behind_reports)
+    print(f"RESULT pruner_signals behind = {shipped[4]:.0%} saved (median), winner kept in {shipped[5]}, worst regret "
+          f"{shipped[6]:.3f} (--pruner behind as a launch makes it, on what it reports)")
     best = max(rows, key=lambda r: r[2])
     print(f"RESULT pruner_signals best_rank = {best[2]:.3f} at step {checkpoints[1]} ({best[0]}; "
           f"the reported mean: {rows[0][2]:.3f})")
