@@ -12,8 +12,6 @@ validation loss are recorded there.
 
 Replay: each rule is a pruner as a launch makes it (Optuna's own classes and tuner's
 ``BehindBestPruner``, from ``tuner.driver.search``), on an in-memory Optuna study. The recorded
-values are the training loss: ``--pruner behind`` reports the validation loss in its window instead,
-and bench/pruner_signals.py replays it on that. The recorded
 trials are replayed into it in the order they were asked, each reporting its values as the search
 does and asked ``should_prune`` at the steps the search asks it, and told as the search tells it,
 cut where the pruner stopped it. A trial sees the earlier trials as the pruner left them (all of
@@ -166,7 +164,7 @@ def spearman(pairs: list[tuple[float, float]]) -> float:
 
 
 RULES: dict[str, Rule] = {
-    "1.5x best from 150 to 300 (--pruner behind until it read the val loss)": behind(150, 1.5, 300),
+    "--pruner behind (1.5x best from 150 to 300)": shipped("behind"),
     "--pruner asha (rungs 150, 450, best third)": shipped("asha"),
     "--pruner median (from 300)": shipped("median"),
     "asha from 150, best quarter": asha(150, 4),

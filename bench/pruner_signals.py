@@ -8,8 +8,8 @@ step's training loss kept, and the validation loss at each report step up to hal
 (``study-S.steps.json``; in a subprocess under ``BENCH_LOCK``, the only part that imports
 TensorFlow). Retraining is exact: the seeds' mean validation loss is checked against the value the
 study holds. Then, per signal (the mean, median or geometric mean of the last 25, 50 or 100 steps'
-losses, or their minimum; or the validation loss in ``behind``'s window, what a launch with
-``--pruner behind`` reports there):
+losses, or their minimum; or the validation loss from a quarter to a third of the steps, which
+``--pruner behind`` compared at commit 4a5b639, an experiment measured in real launches and reverted):
 
 - **Spearman**: how well the signal at a sixth, a quarter and half of the steps ranks the
   survivors' final validation loss (the mean of their seeds, what the search ranks), averaged over
@@ -40,9 +40,8 @@ from collections.abc import Callable, Sequence
 import pruner_replay as pr
 from benchlib import median, print_header, python_locked, table
 
-from tuner.driver.search import early_val_window
-
 REPORT_EVERY = 25  # the launch's report interval (pruner_replay's studies use the default)
+VAL_FACTOR = 2.0  # the factor of ``behind`` on the validation loss at 4a5b639 (its window: a quarter to a third)
 
 
 def record(path: str) -> None:
@@ -105,11 +104,10 @@ def window(stat: Callable[[Sequence[float]], float], width: int) -> Signal:
     return lambda run, step: stat(run["losses"][max(0, step - width):step])
 
 
-def behind_reports(run: dict, step: int) -> float:
-    """What a launch with ``--pruner behind`` reports: the validation loss in the pruner's window
-    (tuner.driver.search.early_val_window), the mean training loss of the last 25 steps elsewhere."""
-    first, last = early_val_window("behind", pr.STEPS) or (0, -1)
-    if first <= step <= last:
+def val_in_window(run: dict, step: int) -> float:
+    """What a launch with ``--pruner behind`` reported at 4a5b639: the validation loss from a quarter
+    to a third of the steps (the pruner's window), the mean training loss of the last 25 steps elsewhere."""
+    if pr.STEPS // 4 <= step <= pr.STEPS // 3:
         return run["val_at"][str(step)]
     return statistics.fmean(run["losses"][max(0, step - REPORT_EVERY):step])
 
@@ -120,7 +118,7 @@ def gmean(xs: Sequence[float]) -> float:
 
 SIGNALS: dict[str, Signal] = {
     "mean of 25 (what a launch reports)": window(statistics.fmean, 25),
-    "val loss from 1/4 to 1/3 of the steps (--pruner behind)": behind_reports,
+    "val loss from 1/4 to 1/3 of the steps (behind: 2x)": val_in_window,
     "median of 25": window(statistics.median, 25),
     "median of 50": window(statistics.median, 50),
     "median of 100": window(statistics.median, 100),
@@ -187,7 +185,10 @@ def run(directory: str) -> None:
                                            if c.val_loss is not None and s in c.values]) for cs in study_curves])
                  for s in checkpoints]
         row: list[object] = [label, *ranks]
-        for rule in rules.values():
+        row_rules = dict(rules)
+        if signal is val_in_window:  # with the rule it was measured with
+            row_rules["behind"] = pr.behind(pr.STEPS // 4, VAL_FACTOR, pr.STEPS // 3)
+        for rule in row_rules.values():
             results = [pr.replay(cs, rule) for cs in study_curves]
             row += [median([r[0] for r in results]), f"{sum(r[1] for r in results)} of {len(results)}",
                     max(r[2] for r in results)]
@@ -197,9 +198,9 @@ def run(directory: str) -> None:
     ceilings = [ceiling(trials) for trials in studies.values()]
     print(table(["study", "seed A's val ranks seed B's", f"seed A's loss at {pr.STEPS // 4} ranks seed B's val"],
                 [[name, *c] for name, c in zip(studies, ceilings, strict=True)]))
-    shipped = next(r for r in rows if SIGNALS[str(r[0])] is behind_reports)
-    print(f"RESULT pruner_signals behind = {shipped[4]:.0%} saved (median), winner kept in {shipped[5]}, worst regret "
-          f"{shipped[6]:.3f} (--pruner behind as a launch makes it, on what it reports)")
+    val = next(r for r in rows if SIGNALS[str(r[0])] is val_in_window)
+    print(f"RESULT pruner_signals val_behind = {val[4]:.0%} saved (median), winner kept in {val[5]}, worst regret "
+          f"{val[6]:.3f} (2x the best finished trial's validation loss, a quarter to a third of the steps)")
     best = max(rows, key=lambda r: r[2])
     print(f"RESULT pruner_signals best_rank = {best[2]:.3f} at step {checkpoints[1]} ({best[0]}; "
           f"the reported mean: {rows[0][2]:.3f})")

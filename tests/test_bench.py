@@ -23,8 +23,8 @@ SCRIPTS = {
     "scaling.py": ["RESULT scaling end_to_end =", "RESULT scaling steady ="],
     "pruning.py": ["RESULT pruning steps_fraction =", "RESULT pruning cancel_latency ="],
     "search_efficiency.py": ["RESULT efficiency tpe =", "RESULT efficiency ratio ="],
-    "pruner_replay.py": ["RESULT pruner_replay 1.5x best from 150 to 300: saved ="],
-    "pruner_signals.py": ["RESULT pruner_signals behind =", "RESULT pruner_signals best_rank =",
+    "pruner_replay.py": ["RESULT pruner_replay --pruner behind: saved ="],
+    "pruner_signals.py": ["RESULT pruner_signals val_behind =", "RESULT pruner_signals best_rank =",
                           "RESULT pruner_signals seed_to_seed ="],
     "robustness.py": ["RESULT robustness smoke worst_survival =", "RESULT robustness smoke compute_ratio ="],
     "driver_rate.py": ["RESULT driver_rate sqlite =", "RESULT driver_rate tensorflow_imported = no"],
@@ -64,9 +64,9 @@ def test_bench_scripts_are_all_smoke_tested() -> None:
 
 def test_pruner_replay_asks_the_shipped_pruner() -> None:
     """bench/pruner_replay.py replays recorded trials through the pruner a launch makes: ``behind``
-    stops the trial far behind at its first step (a quarter of 600), not one behind only past a
-    third of the steps, and keeps the winner; ``none`` stops nothing; a diverged trial (NaN) is
-    never the pruner's to stop."""
+    stops the trial far behind at its first step (a quarter of 600), not one behind only past half
+    the steps, and keeps the winner; ``none`` stops nothing; a diverged trial (NaN) is never the
+    pruner's to stop."""
     replay = bench_module("pruner_replay")
     steps = range(25, 601, 25)
 
@@ -105,6 +105,6 @@ def test_pruner_signals_reads_the_steps_as_a_launch_reports_them() -> None:
     assert (diverged.steps, diverged.val_loss) == (131, None)
     median = signals.curves(trials, signals.SIGNALS["median of 100"])[0]
     assert median.values[300] == pytest.approx(1.5 * 250.5)
-    behind = signals.curves({"0": trials["0"]}, signals.behind_reports)[0]  # val from 150 to 200 (of 600)
+    behind = signals.curves({"0": trials["0"]}, signals.val_in_window)[0]  # val from 150 to 200 (of 600)
     assert behind.values[150] == pytest.approx(1.5 * 1.5) and behind.values[200] == pytest.approx(1.5 * 2.0)
     assert behind.values[125] == done.values[125] and behind.values[225] == done.values[225]

@@ -60,25 +60,6 @@ def test_train_run_survivor_reports_val_loss_and_summary() -> None:
     assert final.info["train_seconds"] > 0
 
 
-def test_train_run_measures_the_val_loss_in_its_early_val_window_without_changing_the_run() -> None:
-    """``--pruner behind`` compares the validation loss: measuring it at report steps (BatchNorm in
-    inference mode) must leave the training exactly as it was."""
-    from tuner.models import load_model
-    from tuner.worker.train import train_run
-
-    model = load_model("iterated_mlp")
-    knobs = {k: v.default for k, v in model.knobs.items()} | {"max_iter": 4, "epsilon": 1e-6}  # survives 60 steps
-    config = TrainConfig(learning_rate=1e-3, knobs=knobs)
-    plain, measured = (list(train_run(model, model.data(knobs), RunSpec(0, 3, "iterated_mlp", config, 60, 10,
-                                                                        early_val=window)))
-                       for window in (None, (30, 60)))
-    early = {r.step: r.metrics.get("early_val_loss") for r in measured if not r.final}
-    assert [s for s, v in early.items() if v is not None] == [30, 40, 50, 60]
-    assert all("early_val_loss" not in r.metrics for r in plain)
-    assert [r.loss for r in plain] == [r.loss for r in measured]  # every report's training loss, to the bit
-    assert plain[-1].val_loss == measured[-1].val_loss == early[60]  # at the last step: the final figure
-
-
 def test_train_run_clipping_counts_clipped_steps() -> None:
     clipped = run({}, steps=20, clip_norm=1e-6)[-1]
     unclipped = run({}, steps=20, clip_norm=1e6)[-1]

@@ -151,9 +151,6 @@ class RunSpec:
     attempt: int = 0
     skip: Skip = field(default_factory=Skip)
     phase: Phase = Phase.SEARCH
-    # report steps from .. to (inclusive) that also measure the validation loss (``early_val_loss``
-    # in the record's metrics: what ``--pruner behind`` compares); None: none does
-    early_val: tuple[int, int] | None = None
 
 
 class NonFiniteKind(enum.StrEnum):

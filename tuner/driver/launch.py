@@ -42,7 +42,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     from tuner.driver.executor import RayExecutor
     from tuner.driver.export import best_config, write_best
     from tuner.driver.progress import ProgressView, summary_table
-    from tuner.driver.search import Budget, Search, early_val_window, prune_start
+    from tuner.driver.search import Budget, Search, prune_start
     from tuner.driver.verify import Runner, verify_study
 
     prepare_environment()
@@ -73,8 +73,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         )
         stream = studyrecord.seed_stream(study, config.seed)
         budget = Budget(config.trials, config.steps, config.seeds, config.report_every, config.threads,
-                        race_seeds=config.race_seeds, prune_from=prune_start(config.pruner, config.steps),
-                        early_val=early_val_window(config.pruner, config.steps))
+                        race_seeds=config.race_seeds, prune_from=prune_start(config.pruner, config.steps))
         with ProgressView(todo, live=config.live, console=console, keys=shown_knobs(space),
                           steps=config.steps) as view:
             callbacks = [c for c in (tracker, view, dashboard.Notes(study)) if c is not None]

@@ -113,7 +113,6 @@ class Budget:
     threads: int = 1
     race_seeds: int = 0
     prune_from: int = 0  # the first step at which the study's pruner may stop a finite trial (0: never)
-    early_val: tuple[int, int] | None = None  # report steps at which search runs measure their val loss
 
     def race_levels(self) -> tuple[int, ...]:
         """The seed counts a raced trial reaches after its search seeds (2 -> 4 -> 8: (4, 8))."""
@@ -272,8 +271,7 @@ class Search:
         b = self.budget
         for seed in seeds:
             self.executor.submit(RunSpec(number, seed, self.model, config, b.steps, b.report_every, b.threads,
-                                         skip=self.skip, phase=phase,
-                                         early_val=b.early_val if phase is Phase.SEARCH else None))
+                                         skip=self.skip, phase=phase))
 
     def _on_record(self, record: RunRecord) -> None:
         active = self._active.get(record.trial)
@@ -311,11 +309,10 @@ class Search:
             self.executor.cancel(active.trial.number)
 
     def _report_progress(self, active: _Trial, record: RunRecord) -> None:
-        """Report the seeds' mean loss at a step once every seed has reached it: each seed's
-        validation loss at the steps where it measured one (``Budget.early_val``), else its training
-        loss (``loss_mean`` since its last report where the record has it, else its last batch's)."""
+        """Report the mean training loss at a step once every seed has reached it (each seed's
+        ``loss_mean`` since its last report where the record has it, else its last batch's)."""
         at_step = active.losses.setdefault(record.step, {})
-        loss = record.metrics.get("early_val_loss", record.metrics.get("loss_mean", record.loss))
+        loss = record.metrics.get("loss_mean", record.loss)
         at_step[record.seed] = loss if loss is not None else float("nan")
         if len(at_step) == len(active.seeds) and record.step not in active.reported:
             self._reports.add(active.trial, record.step, statistics.fmean(at_step.values()))
@@ -478,7 +475,7 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
 
 
 ASHA_REDUCTION = 3  # successive halving keeps the best third of the trials at each rung
-BEHIND_FACTOR = 2.0  # ``behind`` stops a trial whose loss is above this many times the best at the same step
+BEHIND_FACTOR = 1.5  # ``behind`` stops a trial whose loss is above this many times the best at the same step
 
 
 class BehindBestPruner(optuna.pruners.BasePruner):
@@ -487,13 +484,12 @@ class BehindBestPruner(optuna.pruners.BasePruner):
     and ``max_step`` and once ``min_trials`` finished trials reached that step. Running trials are
     not compared: their values reach the storage in batches (tuner.driver.intermediate).
 
-    Chosen with bench/pruner_replay.py, bench/pruner_signals.py and real launches (BENCHMARKS.md):
-    an early loss ranks the final validation loss weakly on the shipped models (Spearman about 0.6
-    at a quarter of the steps), so a rank cut (ASHA's best third) stops the eventual best too often;
-    a trial far behind the best is rarely the winner. A launch reports the validation loss in this
-    pruner's window (:func:`early_val_window`): its ratios between trials are wider than the
-    training loss's, which sits on a floor of batch noise (4-5x the validation loss on
-    iterated_mlp), so one factor separates the hopeless from the good more often.
+    Chosen with bench/pruner_replay.py and real launches (BENCHMARKS.md): the training loss ranks the
+    final validation loss weakly on the shipped models (Spearman about 0.6 at a quarter of the
+    steps), so a rank cut (ASHA's best third) stops the eventual best too often; a trial far behind
+    the best is rarely the winner. Late in a run the training loss sits on a floor of batch noise
+    (4-5x the validation loss on iterated_mlp), where the ratio stops good trials for little
+    saving, hence ``max_step``.
     """
 
     def __init__(self, min_step: int, max_step: int | None = None, factor: float = BEHIND_FACTOR,
@@ -520,29 +516,20 @@ def prune_start(kind: str, steps: int) -> int:
     return {"median": steps // 2, "behind": max(1, steps // 4), "asha": max(1, steps // 4)}.get(kind, 0)
 
 
-def early_val_window(kind: str, steps: int) -> tuple[int, int] | None:
-    """The report steps (first, last) at which a search run also measures its validation loss, which
-    the search then reports instead of the training loss: ``behind``'s window, a quarter to a third
-    of the steps (None for the other pruners, which compare the training loss)."""
-    return (prune_start(kind, steps), max(prune_start(kind, steps), steps // 3)) if kind == "behind" else None
-
-
 def make_pruner(kind: str, steps: int = 0) -> optuna.pruners.BasePruner:
     """The study's pruner for trials of ``steps`` steps: ``none``, ``behind``, ``median`` or ``asha``.
 
-    Each only ever stops a finite trial whose reported loss (the seeds' mean) is behind, and only
-    from :func:`prune_start` on: such a trial is STOPPED, never counted as diverged. ``behind``:
-    its validation loss above 2x the lowest a finished trial had at the same step, from a quarter
-    to a third of the steps (:class:`BehindBestPruner`, :func:`early_val_window`). The others
-    compare the mean training loss (``loss_mean``, over the steps since the last report).
+    Each only ever stops a finite trial whose mean training loss (``loss_mean``, over the steps
+    since the last report, the seeds averaged) is behind, and only from :func:`prune_start` on:
+    such a trial is STOPPED, never counted as diverged. ``behind``: above 1.5x the lowest loss a
+    finished trial had at the same step, up to half the steps (:class:`BehindBestPruner`).
     ``median``: behind the median of the completed trials at the same step (Optuna's MedianPruner
     once 5 trials completed). ``asha``: not in the best third of the trials that reached the same
     rung (Optuna's SuccessiveHalvingPruner, asynchronous: rungs at a quarter of the steps, then 3x,
     9x that).
     """
     if kind == "behind":
-        first, last = early_val_window(kind, steps) or (0, 0)
-        return BehindBestPruner(first, max_step=last)
+        return BehindBestPruner(prune_start(kind, steps), max_step=steps // 2)
     if kind == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
     if kind == "asha":
@@ -556,8 +543,8 @@ def stop_reason(pruner: optuna.pruners.BasePruner, step: int) -> str:
     if isinstance(pruner, optuna.pruners.SuccessiveHalvingPruner):
         return f"at step {step} its loss was not in the best third of the trials that reached that step"
     if isinstance(pruner, BehindBestPruner):
-        return (f"at step {step} its validation loss was more than {pruner.factor:g}x the lowest a finished trial "
-                "had at that step")
+        return (f"at step {step} its loss was more than {pruner.factor:g}x the lowest loss a finished trial had "
+                "at that step")
     return f"at step {step} its loss was behind the median of the completed trials"
 
 

@@ -9,8 +9,7 @@ a snapshot of every variable after the update, so a divergence can be replayed f
 (``tuner.worker.forensics``, given the graph, the session and the snapshot). Everything else the
 telemetry reports is Python on the numbers already fetched (``tuner.worker.telemetry``). A model with
 several losses updated alternately runs one ``session.run`` per loss, in order, and the first
-non-finite value names its loss (:class:`Cause`). The report steps in ``RunSpec.early_val`` also run
-one forward pass of the validation set (``early_val_loss``, what ``--pruner behind`` compares).
+non-finite value names its loss (:class:`Cause`).
 
 The graph-building names (:func:`~tuner.worker.graph.build`, :class:`~tuner.worker.graph.Graphs`, ...) live in
 ``tuner.worker.graph`` and are importable from here too.
@@ -180,10 +179,6 @@ class Stepper:
             if len(losses) > 1:
                 for name, (value, gnorm) in losses.items():
                     reported[f"loss/{name}"], reported[f"loss/{name}/grad_norm"] = value, gnorm
-            window = self.spec.early_val
-            if window is not None and window[0] <= step <= window[1]:  # one forward pass of the val set
-                val_loss = self.sess.run(self.built.val_loss, self.feed_arrays(self.data.val))
-                reported["early_val_loss"] = float(val_loss)
             self.metrics = self.telemetry.report(step, reported)
             self.snapshot = Snapshot(step, tuple(raw), self.built.state_reader.unpack)
         return None
