@@ -61,6 +61,30 @@ def test_other_knob_prefers_max_iter_then_the_most_telling_knob() -> None:
     assert other_knob(rows) == "max_iter"
 
 
+def test_survival_bands_that_never_diverge_stay_distinguishable() -> None:
+    """Two learning-rate bands that never diverge both sit at 1.0: each band's line has its own
+    style and width, so the one drawn later does not hide the other."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tuner.driver.plots import survival_curves
+
+    rows = [row(i, 10 ** -(2 + i / 3), (30, 45) if i < 3 else (100, 100), "diverged" if i < 3 else "survived")
+            for i in range(9)]
+    fig, ax = plt.subplots()
+    try:
+        survival_curves(ax, rows)
+        bands = [line for line in ax.get_lines() if str(line.get_label()).startswith("lr")]
+        flat = [b for b in bands if set(b.get_ydata()) == {1.0}]
+        assert len(bands) == 3 and len(flat) == 2
+        assert len({(b.get_linestyle(), b.get_linewidth()) for b in flat}) == 2
+        assert flat[0].get_linewidth() > flat[1].get_linewidth()  # the wider one drawn first shows under
+    finally:
+        plt.close(fig)
+
+
 def test_write_plots_writes_pngs_with_nulls_and_choices(tmp_path: Path) -> None:
     rows = [row(i, 10 ** -(2 + i / 3), (100, 100) if i % 3 else (30, 45), "survived" if i % 3 else "diverged",
                 clip_norm=None if i % 2 else 0.5 * i) for i in range(9)]

@@ -125,9 +125,12 @@ def survival_curves(ax: Any, rows: Sequence[TrialRecord]) -> None:
         at = np.array(cancelled, float)
         ax.plot(at, alive[np.searchsorted(steps, at, side="right") - 1], "|", color="k", markersize=9,
                 label=f"cancelled seed ({len(cancelled)}, censored)")
-    for label, band in _lr_bands(rows):
+    # bands that never diverge all sit at 1.0: wider, solid lines under narrower, dashed ones keep each visible
+    styles = (("-", 3.2), ("--", 2.0), (":", 1.4))
+    for (label, band), (linestyle, width) in zip(_lr_bands(rows), styles, strict=False):
         band_runs = [run for r in band for run in seed_runs(r)]
-        ax.step(*kaplan_meier(band_runs, budget), where="post", label=f"{label} ({len(band_runs)})")
+        ax.step(*kaplan_meier(band_runs, budget), where="post", linestyle=linestyle, linewidth=width,
+                label=f"{label} ({len(band_runs)})")
     ax.set_xlim(0, budget)
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("step")
