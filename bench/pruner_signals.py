@@ -151,7 +151,8 @@ def ceiling(trials: dict) -> tuple[float, float]:
     pairs = [list(t["seeds"].values()) for t in trials.values() if t["state"] == "COMPLETE"]
     pairs = [p for p in pairs if len(p) == 2 and None not in (p[0]["val"], p[1]["val"])]
     seed_to_seed = pr.spearman([(a["val"], b["val"]) for a, b in pairs])
-    early = pr.spearman([(statistics.fmean(a["losses"][quarter - 25:quarter]), b["val"]) for a, b in pairs])
+    reported = SIGNALS["mean of 25 (what a launch reports)"]
+    early = pr.spearman([(reported(a, quarter), b["val"]) for a, b in pairs])
     return seed_to_seed, early
 
 
