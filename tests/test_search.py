@@ -403,6 +403,57 @@ def test_search_behind_pruner_stops_a_trial_far_behind_the_best_only_once_three_
     assert max(behind.intermediate_values) == 60  # the first report at or past a quarter of the steps
 
 
+def first_seed_search(pruner: optuna.pruners.BasePruner, lrs: Sequence[float]) -> tuple[Search, FakeExecutor]:
+    """A search of ``lrs`` (in order) with ``pruner``, one run at a time (each trial meets the finished ones)."""
+    executor = FakeExecutor(slots=1)
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0), pruner=pruner)
+    space = space_from({"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}}, "fake", KNOBS, "<test>")
+    budget = Budget(len(lrs), steps=200, seeds=2, report_every=20, prune_from=prune_start("first-seed", 200))
+    for lr in lrs:
+        study.enqueue_trial({"learning_rate": lr})
+    return Search(study, space, "fake", executor, budget, stream=STREAM), executor
+
+
+# validation losses 0.16, 0.16, 0.144 (+0.01 on odd seeds): the best trial's is at most 0.154, 1.2x that 0.185
+THREE_FINISHED = [10**-2.9, 10**-2.1, 10**-2.12]
+
+
+def test_first_seed_pruner_runs_the_other_seeds_only_for_a_first_seed_within_1_2x_of_the_best_trial() -> None:
+    from tuner.driver.search import FirstSeedPruner
+
+    lrs = [*THREE_FINISHED, 10**-3.5, 10**-2.15, 10**-2.95]  # validation losses 1.0, 0.1225, 0.2025 (+0.01)
+    search, executor = first_seed_search(FirstSeedPruner(min_step=40, max_step=100, factor=100.0), lrs)
+    outcomes = {o.number: o for o in search.run()}
+    assert [outcomes[n].state for n in range(6)] == [TrialState.COMPLETE] * 3 + [
+        TrialState.STOPPED, TrialState.COMPLETE, TrialState.STOPPED]  # 5: above 1.2x trial 4's, the best now
+    ran = {n: [s.seed for s in executor.submitted if s.trial == n] for n in range(6)}
+    assert all(ran[n] == list(spec_seeds(n)) for n in (0, 1, 2, 4))
+    assert all(ran[n] == list(spec_seeds(n)[:1]) for n in (3, 5))  # the other seed never ran
+    stopped = read(search.study.trials[3])
+    assert search.study.trials[3].state == optuna.trial.TrialState.PRUNED and stopped.divergence_step is None
+    assert stopped.value is None and stopped.steps_survived == (200,) and stopped.stopped_at == 200
+    assert stopped.reason.startswith("its first seed's validation loss 1")  # 1 or 1.01, by the seed
+    assert "was more than 1.2x the best trial's 0.1444; its other seeds were not run" in stopped.reason
+    # the trial's reported values are its first seed's (the seed run alone): what the next trials meet
+    first = spec_seeds(4)[0]
+    assert search.study.trials[4].intermediate_values[20] == pytest.approx(outcome_of(
+        RunSpec(4, first, "fake", outcomes[4].config, 200, 20), frozenset())[1] + 1.0 / 20)
+
+
+def test_first_seed_pruner_stops_a_first_seed_far_behind_at_the_same_step_and_a_diverged_one_ends_the_trial() -> None:
+    lrs = [*THREE_FINISHED, 10**-3.5, 0.05]  # 3: loss 1.0 + 1/s against at most 0.154 + 1/s; 4: diverges at 10
+    search, executor = first_seed_search(make_pruner("first-seed", 200), lrs)  # from step 33 to 100, 3x
+    outcomes = {o.number: o for o in search.run()}
+    assert [outcomes[n].state for n in range(5)] == [TrialState.COMPLETE] * 3 + [TrialState.STOPPED, TrialState.PRUNED]
+    assert [s.trial for s in executor.submitted].count(3) == 1 and [s.trial for s in executor.submitted].count(4) == 1
+    stopped = read(search.study.trials[3])
+    assert stopped.stopped_at == 40 and max(search.study.trials[3].intermediate_values) == 40  # first report past 33
+    assert "at step 40 its first seed's loss was more than 3x the lowest loss a finished trial's first seed had" in \
+        stopped.reason
+    diverged = read(search.study.trials[4])
+    assert diverged.state is TrialState.PRUNED and diverged.divergence_step in (10, 11) and len(diverged.seeds) == 1
+
+
 def test_behind_pruner_compares_finished_trials_at_the_same_step_from_its_first_step_to_its_last() -> None:
     from tuner.driver.search import BehindBestPruner
 
