@@ -21,6 +21,11 @@ And the ceiling: how well one seed's final validation loss ranks another seed's 
 two search seeds), against how well the first seed's training loss at a quarter of the steps does.
 An early signal cannot rank a config's quality much better than a second seed of the same config does.
 
+Last, ``--pruner behind`` and ``--pruner first-seed`` (which reads a whole first seed before it runs
+the second) replayed through tuner's own ``Search`` (``Recorded``: an executor that streams each
+seed's recorded run, 2 slots, the runs in step): the saving against ``--pruner none`` replayed the
+same way, whether the study's best trial still finishes, and the worst regret.
+
     BENCH_LOCK=/tmp/tf.lock .venv/bin/python bench/pruner_signals.py --dir /tmp/replay   # about 2 min a study
     .venv/bin/python bench/pruner_signals.py --smoke    # one study of 4 trials x 100 steps, in a temporary folder
 """
@@ -35,10 +40,12 @@ import os
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pruner_replay as pr
 from benchlib import median, print_header, python_locked, table
+
+from tuner.records import RunRecord, RunSpec, RunStatus
 
 REPORT_EVERY = 25  # the launch's report interval (pruner_replay's studies use the default)
 VAL_FACTOR = 2.0  # the factor of ``behind`` on the validation loss at 4a5b639 (its window: a quarter to a third)
@@ -156,6 +163,109 @@ def ceiling(trials: dict) -> tuple[float, float]:
     return seed_to_seed, early
 
 
+class Recorded:
+    """An executor for tuner's Search that streams the recorded runs, ``slots`` at a time, one record
+    of each running run per poll (the runs in step, as equally fast workers): replay trial i's k-th
+    submitted seed run is recorded trial i's k-th seed. Reports every ``REPORT_EVERY`` steps carry
+    ``loss_mean`` (the last 25 steps' mean, as tuner.worker.telemetry sends it); ``trained[i]``
+    counts the steps trial i ran."""
+
+    def __init__(self, trials: list[dict], slots: int = 2) -> None:
+        self.trials, self.slots = trials, slots
+        self.queue: list[RunSpec] = []
+        self.running: dict[tuple[int, int], Iterator[RunRecord]] = {}
+        self.reached: dict[tuple[int, int], int] = {}  # a running run's last step
+        self.handed: dict[int, int] = {}  # trial -> seed runs started
+        self.trained: dict[int, int] = {}
+        self.ended: list[RunRecord] = []  # cancelled runs, sent at the next poll
+
+    def free(self) -> int:
+        return self.slots - len(self.running) - len(self.queue)
+
+    def submit(self, spec: RunSpec) -> None:
+        self.queue.append(spec)
+
+    def cancel(self, trial: int) -> None:
+        for spec in [q for q in self.queue if q.trial == trial]:
+            self.queue.remove(spec)
+            self.ended.append(RunRecord(trial, spec.seed, 0, RunStatus.CANCELLED, final=True))
+        for key in [k for k in self.running if k[0] == trial]:
+            step = self.reached.pop(key, 0)
+            del self.running[key]
+            self.ended.append(RunRecord(trial, key[1], step, RunStatus.CANCELLED, final=True, steps_survived=step))
+            self._count(trial, step)
+
+    def _count(self, trial: int, steps: int) -> None:
+        self.trained[trial] = self.trained.get(trial, 0) + steps
+
+    def _run(self, spec: RunSpec) -> Iterator[RunRecord]:
+        k = self.handed.get(spec.trial, 0)
+        self.handed[spec.trial] = k + 1
+        run = list(self.trials[spec.trial]["seeds"].values())[k]
+        losses, val, key = run["losses"], run["val"], (spec.trial, spec.seed)
+        for step in range(REPORT_EVERY, len(losses) + 1, REPORT_EVERY):
+            self.reached[key] = step
+            yield RunRecord(spec.trial, spec.seed, step, RunStatus.RUNNING, loss=losses[step - 1], steps_survived=step,
+                            metrics={"loss_mean": statistics.fmean(losses[step - REPORT_EVERY:step])})
+        if val is not None and math.isfinite(val):
+            self._count(spec.trial, pr.STEPS)
+            yield RunRecord(spec.trial, spec.seed, pr.STEPS, RunStatus.SURVIVED, final=True, steps_survived=pr.STEPS,
+                            val_loss=val)
+        else:  # diverged at the step after its last loss (or in its validation loss, at the end)
+            step = min(len(losses) + 1, pr.STEPS)
+            self._count(spec.trial, step)
+            yield RunRecord(spec.trial, spec.seed, step, RunStatus.DIVERGED, final=True, steps_survived=step - 1)
+
+    def poll(self, timeout: float) -> list[RunRecord]:
+        out, self.ended = self.ended, []
+        while self.queue and len(self.running) < self.slots:
+            spec = self.queue.pop(0)
+            self.running[(spec.trial, spec.seed)] = self._run(spec)
+        for key, records in list(self.running.items()):
+            record = next(records)
+            out.append(record)
+            if record.final:
+                del self.running[key]
+                self.reached.pop(key, None)
+        return out
+
+
+def replay_search(trials: dict, kind: str) -> tuple[dict[int, int], dict[int, float]]:
+    """Replay a recorded study through tuner's Search with ``--pruner KIND`` as a launch makes it (no
+    racing): (steps trained per trial, the validation loss of each trial told COMPLETE)."""
+    import optuna
+
+    from tuner.driver.evidence import SeedStream
+    from tuner.driver.search import Budget, Search, make_pruner, prune_start
+    from tuner.spaces import space_from
+
+    ordered = [t for _, t in sorted(trials.items(), key=lambda kv: int(kv[0]))]
+    executor = Recorded(ordered)
+    study = optuna.create_study(direction="minimize", pruner=make_pruner(kind, pr.STEPS))
+    budget = Budget(len(ordered), pr.STEPS, seeds=2, report_every=REPORT_EVERY, prune_from=prune_start(kind, pr.STEPS))
+    Search(study, space_from({}, "replay", {}, "<replay>"), "replay", executor, budget, stream=SeedStream(0)).run()
+    values = {t.number: t.value for t in study.trials if t.state is optuna.trial.TrialState.COMPLETE}
+    return {i: executor.trained.get(i, 0) for i in range(len(ordered))}, values
+
+
+def through_search(studies: dict[str, dict], kinds: Sequence[str]) -> list[list[object]]:
+    """Per pruner kind, each study replayed through the search: the saving against ``none`` replayed
+    the same way (median, and per study), the winner kept, and the worst regret."""
+    rows = []
+    base = {name: replay_search(trials, "none") for name, trials in studies.items()}
+    for kind in kinds:
+        saved, kept, regret = [], 0, []
+        for name, trials in studies.items():
+            steps, values = replay_search(trials, kind)
+            best, best_kept = min(base[name][1].values(), default=math.nan), min(values.values(), default=math.inf)
+            saved.append(1 - sum(steps.values()) / sum(base[name][0].values()))
+            kept += best_kept == best
+            regret.append(best_kept / best)
+        rows.append([kind, median(saved), " ".join(f"{x:.0%}" for x in saved), f"{kept} of {len(studies)}",
+                     max(regret)])
+    return rows
+
+
 def mean_finite(xs: Sequence[float]) -> float:
     finite = [x for x in xs if not math.isnan(x)]
     return statistics.fmean(finite) if finite else math.nan
@@ -199,6 +309,13 @@ def run(directory: str) -> None:
     ceilings = [ceiling(trials) for trials in studies.values()]
     print(table(["study", "seed A's val ranks seed B's", f"seed A's loss at {pr.STEPS // 4} ranks seed B's val"],
                 [[name, *c] for name, c in zip(studies, ceilings, strict=True)]))
+    searched = through_search(studies, ("behind", "first-seed"))
+    print("Replayed through tuner's Search (2 slots, runs in step; saved against --pruner none replayed so):")
+    print(table(["--pruner", "saved (median)", "saved per study", "winner kept", "worst regret"], searched))
+    first = searched[1]
+    print(f"RESULT pruner_signals first_seed = {first[1]:.0%} saved (median), winner kept in {first[3]}, worst "
+          f"regret {first[4]:.3f} (--pruner first-seed through the search; behind: {searched[0][1]:.0%}, "
+          f"{searched[0][3]}, {searched[0][4]:.3f})")
     val = next(r for r in rows if SIGNALS[str(r[0])] is val_in_window)
     print(f"RESULT pruner_signals val_behind = {val[4]:.0%} saved (median), winner kept in {val[5]}, worst regret "
           f"{val[6]:.3f} (2x the best finished trial's validation loss, a quarter to a third of the steps)")

@@ -24,7 +24,8 @@ SCRIPTS = {
     "pruning.py": ["RESULT pruning steps_fraction =", "RESULT pruning cancel_latency ="],
     "search_efficiency.py": ["RESULT efficiency tpe =", "RESULT efficiency ratio ="],
     "pruner_replay.py": ["RESULT pruner_replay --pruner behind: saved ="],
-    "pruner_signals.py": ["RESULT pruner_signals val_behind =", "RESULT pruner_signals best_rank =",
+    "pruner_signals.py": ["RESULT pruner_signals val_behind =", "RESULT pruner_signals first_seed =",
+                          "RESULT pruner_signals best_rank =",
                           "RESULT pruner_signals seed_to_seed ="],
     "robustness.py": ["RESULT robustness smoke worst_survival =", "RESULT robustness smoke compute_ratio ="],
     "driver_rate.py": ["RESULT driver_rate sqlite =", "RESULT driver_rate tensorflow_imported = no"],
@@ -108,3 +109,25 @@ def test_pruner_signals_reads_the_steps_as_a_launch_reports_them() -> None:
     behind = signals.curves({"0": trials["0"]}, signals.val_in_window)[0]  # val from 150 to 200 (of 600)
     assert behind.values[150] == pytest.approx(1.5 * 1.5) and behind.values[200] == pytest.approx(1.5 * 2.0)
     assert behind.values[125] == done.values[125] and behind.values[225] == done.values[225]
+
+
+def test_pruner_signals_replays_first_seed_through_the_search_counting_the_steps_each_trial_ran() -> None:
+    """bench/pruner_signals.py replays recorded runs through tuner's own Search: with ``first-seed`` a
+    trial whose first seed ended above 1.2x the best trial's validation loss never runs its second
+    seed, one whose first seed is 3x behind at a sixth of the steps stops there; ``none`` runs all."""
+    signals = bench_module("pruner_signals")
+    flat = [1.0] * 600
+
+    def trial(val_a: float, val_b: float, losses: list[float] = flat) -> dict:
+        return {"value": (val_a + val_b) / 2, "state": "COMPLETE",
+                "seeds": {"1": {"losses": losses, "val": val_a}, "2": {"losses": flat, "val": val_b}}}
+
+    trials = {str(i): trial(0.1, 0.1) for i in range(5)}  # two trials in flight: 3 finished before trial 5 ends
+    trials["5"] = trial(0.5, 0.1)  # its first seed: 5x the best trial's validation loss
+    trials["6"] = trial(0.1, 0.1, [10.0] * 600)  # 10x the finished first seeds' loss at step 100
+    trials["7"] = trial(0.11, 0.3)  # within 1.2x: both seeds run
+    steps, values = signals.replay_search(trials, "first-seed")
+    assert steps == {**{i: 1200 for i in range(5)}, 5: 600, 6: 100, 7: 1200}
+    assert sorted(values) == [0, 1, 2, 3, 4, 7] and values[7] == pytest.approx(0.205)
+    steps, values = signals.replay_search(trials, "none")
+    assert set(steps.values()) == {1200} and sorted(values) == list(range(8))
