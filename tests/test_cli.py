@@ -118,7 +118,7 @@ def test_parser_launch_racing_and_verification_flags() -> None:
     assert (config.min_survival, config.verify_candidates, config.margin) == (0.9, 2, False)
     defaults = LaunchConfig()
     assert (defaults.race_seeds, defaults.verify_seeds, defaults.verification_steps) == (8, 16, 1200)
-    assert (defaults.min_survival, defaults.margin, defaults.pruner) == (0.8, True, "none")
+    assert (defaults.min_survival, defaults.margin, defaults.pruner) == (0.8, True, "first-seed")
 
 
 def test_parser_verify_flags() -> None:

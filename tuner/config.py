@@ -60,7 +60,7 @@ class LaunchConfig(BaseModel):
     min_survival: float = Field(0.8, ge=0.0, le=1.0)
     verify_candidates: int = Field(3, ge=1)
     margin: bool = True
-    pruner: Literal["none", "behind", "first-seed", "median", "asha"] = "none"
+    pruner: Literal["none", "behind", "first-seed", "median", "asha"] = "first-seed"
     grace_period: int = Field(30, ge=2, le=86400)
     placement_timeout: float = Field(120.0, ge=1.0, le=86400.0)
     graph_reuse: bool = True

@@ -1,6 +1,8 @@
 """The search driver: Optuna ask/tell over seed runs streamed back by an executor.
 
-A trial is one config on K seeds, run in parallel. How a trial ends (see README, "What a launch does"):
+A trial is one config on K seeds, run in parallel (with ``--pruner first-seed``, the default: its first
+seed alone, then the others in parallel if it kept up; :class:`FirstSeedPruner`). How a trial ends
+(see README, "What a launch does"):
 
 - every seed reached the budget: COMPLETE, with the validation loss averaged over seeds;
 - a seed went non-finite at step s: each sibling is cancelled once it has passed step s (or ended
@@ -8,7 +10,8 @@ A trial is one config on K seeds, run in parallel. How a trial ends (see README,
   does not depend on which worker ran faster; NaN is reported as the intermediate value at that
   step (TPE ranks pruned trials by their last reported step; the trial gets no value) and the trial
   is PRUNED;
-- a seed failed (model error, or its worker died more than ``max_retries`` times): FAIL.
+- a seed failed (model error, or its worker died more than ``max_retries`` times): FAIL;
+- the pruner found a finite trial behind: STOPPED (told PRUNED, never counted as diverged).
 
 A trial's seeds come from the study's seed stream (``tuner.driver.evidence.SeedStream``), not 0..K-1
 for every trial. A COMPLETE trial that could become the best races on more seeds before it is
@@ -551,7 +554,9 @@ class FirstSeedPruner(BehindBestPruner):
 
     Why (BENCHMARKS.md, bench/pruner_signals.py): on iterated_mlp one seed's final validation loss
     ranks another seed's better (Spearman 0.69) than any reading a quarter of the way in does
-    (0.59), and a trial stopped after its first seed saves that seed's siblings whole.
+    (0.59), and a trial stopped after its first seed saves that seed's siblings whole. In 9 real
+    launches at the default budget it trained 40 % fewer search steps (median) than no pruner, and
+    exported the same config in 6 and a better one in 3; so it is the default.
     """
 
     def __init__(self, min_step: int, max_step: int | None = None, factor: float = FIRST_SEED_FACTOR,
