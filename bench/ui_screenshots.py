@@ -213,9 +213,13 @@ def mlflow_pages(checks: Checks, page: Any, base: str, facts: MlflowFacts, out: 
 def optuna_pages(checks: Checks, page: Any, base: str, storage: str, out: Path) -> None:
     import optuna
 
+    from tuner.driver.trialrecord import read
+
     study = optuna.load_study(study_name=STUDY, storage=storage)
     study_id = study._study_id
-    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED]
+    # PRUNED: diverged, or stopped by the pruner (whose value is its last training loss: Optuna's rule)
+    pruned = [t for t in study.trials if t.state == optuna.trial.TrialState.PRUNED
+              and ((record := read(t)) is None or record.state.value == "diverged")]
     page.goto(f"{base}/dashboard/studies/{study_id}")
     check_page(checks, page, "optuna-dashboard study", "History", "Intermediate values", absent=("Objective 0",))
     shoot(page, out, "optuna_1_study", full=True)

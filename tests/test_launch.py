@@ -132,6 +132,34 @@ def test_launch_continues_a_study_with_more_trials(tmp_path: Path) -> None:
     assert client.get_experiment_by_name("s1").artifact_location == (tmp_path / "mlartifacts").resolve().as_uri()
 
 
+def test_launch_first_seed_pruner_stops_trials_behind_before_their_second_seed(tmp_path: Path) -> None:
+    """The default ``--pruner first-seed`` in a real launch: of two learning rates, 1e-5 barely learns
+    in 120 steps, so once three trials at 3e-3 survived, a 1e-5 trial ends on its first seed
+    (STOPPED, told PRUNED, recorded and tagged ``stopped``): its second seed never runs."""
+    space = tmp_path / "space.yaml"
+    space.write_text("model: iterated_mlp\nparams:\n  learning_rate: {choices: [1.0e-5, 3.0e-3]}\n  max_iter: 4\n"
+                     "  epsilon: 1.0e-6\n  input_clip: 10.0\n  clip_norm: 1.0\n")  # guarded: no trial diverges
+    launch(tmp_path, "--model", "iterated_mlp", "--space", str(space), "--sampler", "random", "--seed", "0",
+           "--no-margin", *NO_VERIFY, trials=8, steps=120, codes=FINISHED)
+    finished = check_stores(tmp_path, 8)
+    stopped = [t for t in finished if read(t).state.value == "stopped"]
+    assert [t for t in stopped if t.params["learning_rate"] == 1e-5], [
+        (t.number, t.params, read(t).state) for t in finished]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    runs = trial_runs(tmp_path)
+    for t in stopped:
+        record = read(t)
+        assert t.state == optuna.trial.TrialState.PRUNED
+        assert len(record.seeds) == 1 and record.divergence_step is None and "first seed" in record.reason
+        metrics = client.get_run(runs[t.number]).data.metrics
+        assert "s0/steps_survived" in metrics and not [k for k in metrics if k.startswith("s1/")]
+    study = optuna.load_study(study_name="s1", storage=f"sqlite:///{tmp_path / 't.db'}")
+    seeds_run = sum(len(read(t).seeds) for t in finished)
+    assert study.user_attrs["tuner.compute"]["search"]["runs"] == seeds_run < 2 * 8
+
+
 def test_launch_counting_cnn_end_to_end_with_the_optimizer_and_clip_mode_searched(tmp_path: Path) -> None:
     space = FIXTURES / "spaces" / "cnn_optimizers.yaml"
     _, doc = launch(tmp_path, "--model", "counting_cnn", "--space", str(space), *NO_VERIFY, codes=FINISHED)
