@@ -143,6 +143,7 @@ class _Trial:
     cancelled: bool = False
     stopped_at: int | None = None  # the step at which the pruner stopped it
     deferred: tuple[int, ...] = ()  # seeds that run once the first one kept up (``--pruner first-seed``)
+    behind: str = ""  # why its first seed's validation loss stopped it (``--pruner first-seed``)
 
     def records(self, phase_only: bool = False) -> dict[int, RunRecord]:
         """Final records in seed order (search seeds first): this phase's, or every phase's."""
@@ -348,13 +349,8 @@ class Search:
         ):
             reason = stop_reason(self.study.pruner, active.stopped_at)
             outcome = replace(outcome, state=TrialState.STOPPED, reason=reason)
-        elif active.stopped_at is not None and outcome.state is TrialState.COMPLETE:  # its first seed was behind
-            pruner = self.study.pruner
-            assert isinstance(pruner, FirstSeedPruner) and outcome.value is not None
-            best = min(value for _, value in self._standing.values())
-            reason = (f"its first seed's validation loss {outcome.value:.4g} was more than {pruner.val_factor:g}x the "
-                      f"best trial's {best:.4g}; its other seeds were not run")
-            outcome = replace(outcome, state=TrialState.STOPPED, value=None, reason=reason)
+        elif active.behind and outcome.state is TrialState.COMPLETE:  # its first seed was behind
+            outcome = replace(outcome, state=TrialState.STOPPED, value=None, reason=active.behind)
         self._standing.pop(number, None)
         self._racing.discard(number)
         if outcome.state is TrialState.COMPLETE and outcome.learned is not False and outcome.value is not None:
@@ -377,8 +373,11 @@ class Search:
         first = judge(active.trial.number, active.config, active.records())
         if active.stopped_at is not None or first.state is not TrialState.COMPLETE or first.value is None:
             return False
-        if pruner.behind_after_first(first.value, [value for _, value in self._standing.values()]):
+        best = [value for _, value in self._standing.values()]
+        if pruner.behind_after_first(first.value, best):
             active.stopped_at = self.budget.steps
+            active.behind = (f"its first seed's validation loss {first.value:.4g} was more than {pruner.val_factor:g}x "
+                             f"the best trial's {min(best):.4g}; its other seeds were not run")
             return False
         deferred, active.deferred = active.deferred, ()
         active.seeds = (*active.seeds, *deferred)
