@@ -85,6 +85,35 @@ def test_survival_bands_that_never_diverge_stay_distinguishable() -> None:
         plt.close(fig)
 
 
+def test_plots_draw_stopped_trials_apart_and_count_their_seeds_as_far_as_they_ran() -> None:
+    """A trial the pruner stopped (``--pruner first-seed``: one seed that survived its budget but was
+    behind, or one seed stopped at step 30) is neither survived nor diverged on the map, and its seeds
+    are censored where they stopped on the survival curve, not dropped."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tuner.driver.plots import survival_curves
+
+    rows = [row(0, 1e-3, (100, 100)), row(1, 2e-3, (100, 100)), row(2, 1e-2, (40, 55), "diverged"),
+            TrialRecord(3, TrialState.STOPPED, {"learning_rate": 1e-4}, 100,
+                        (SeedResult(0, SeedStatus.SURVIVED, 100, 100),)),
+            TrialRecord(4, TrialState.STOPPED, {"learning_rate": 1e-5}, 100,
+                        (SeedResult(0, SeedStatus.CANCELLED, 30, 30),))]
+    fig, (left, right) = plt.subplots(1, 2)
+    try:
+        stability_map(left, rows)
+        legend = {t.get_text() for t in left.get_legend().get_texts()}
+        assert {"survived", "diverged", "stopped by the pruner"} <= legend
+        survival_curves(right, rows)
+        labels = {str(line.get_label()) for line in right.get_lines()}
+        assert "all (8 seed runs)" in labels  # 2 + 2 + 2 + the two stopped trials' one seed each
+        assert "cancelled seed (2, censored)" in labels  # trial 2's sibling and trial 4's stopped seed
+    finally:
+        plt.close(fig)
+
+
 def test_write_plots_writes_pngs_with_nulls_and_choices(tmp_path: Path) -> None:
     rows = [row(i, 10 ** -(2 + i / 3), (100, 100) if i % 3 else (30, 45), "survived" if i % 3 else "diverged",
                 clip_norm=None if i % 2 else 0.5 * i) for i in range(9)]

@@ -3,11 +3,14 @@
 - **Stability map**: learning rate (log axis) against ``max_iter``, or else the knob that moves
   the steps survived most (on a log axis when it was searched on a log scale); a circle per
   survived trial, a cross per diverged one, shaded by the fraction of the budget its weakest seed
-  survived (a seed cancelled because a sibling diverged is left out of that). A config verified
-  on fresh seeds is labelled with its verified survival (``16/16``); the exported (chosen) trial is a star.
+  survived (a seed cancelled because a sibling diverged is left out of that), and a hollow grey
+  circle per trial the pruner stopped (it neither survived its budget on every seed nor diverged).
+  A config verified on fresh seeds is labelled with its verified survival (``16/16``); the
+  exported (chosen) trial is a star.
 - **Survival curves**: the fraction of seed runs still finite at each step (Kaplan-Meier: a seed
-  cancelled because a sibling diverged counts as finite up to its cancellation, not after, and is
-  marked ``|`` there), for the whole study and per learning-rate band.
+  cancelled because a sibling diverged or the pruner stopped it counts as finite up to its
+  cancellation, not after, and is marked ``|`` there; a stopped trial's seeds count as far as they
+  ran), for the whole study and per learning-rate band.
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ def write_plots(rows: Sequence[TrialRecord], out_dir: str | Path, prefix: str = 
     """
     from matplotlib.figure import Figure
 
-    rows = [r for r in rows if r.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    rows = [r for r in rows if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.STOPPED)]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    title = diverged_share(rows)
+    stopped = sum(r.state is TrialState.STOPPED for r in rows)
+    title = diverged_share(rows) + (f"; {stopped} stopped by the pruner" if stopped else "")
     paths = []
     for name, draw in ((STABILITY_MAP, partial(stability_map, log_knobs=log_knobs)), (SURVIVAL, survival_curves)):
         fig = Figure(figsize=(7, 4.8), layout="constrained")
@@ -94,10 +98,14 @@ def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRecord])
         The survived trials' scatter (for the colour bar).
     """
     shade = np.array([survived_fraction(r) for r in rows])
-    survived = np.array([r.state is TrialState.COMPLETE for r in rows])
+    state = np.array([r.state.value for r in rows])
     chosen = np.array([r.chosen for r in rows])
     style = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0}
-    ok, bad = survived & ~chosen, ~survived & ~chosen
+    ok, bad = (state == TrialState.COMPLETE.value) & ~chosen, (state == TrialState.PRUNED.value) & ~chosen
+    stopped = state == TrialState.STOPPED.value
+    if stopped.any():
+        ax.scatter(x[stopped], y[stopped], marker="o", facecolors="none", edgecolors="grey",
+                   label="stopped by the pruner")
     points = ax.scatter(x[ok], y[ok], c=shade[ok], marker="o", edgecolors="k", label="survived", **style)
     ax.scatter(x[bad], y[bad], c=shade[bad], marker="X", s=70, label="diverged", **style)
     if chosen.any():
@@ -121,7 +129,7 @@ def survival_curves(ax: Any, rows: Sequence[TrialRecord]) -> None:
     steps, alive = kaplan_meier(runs, budget)
     ax.step(steps, alive, where="post", color="k", linewidth=2, label=f"all ({len(runs)} seed runs)")
     cancelled = [s.steps_survived for r in rows for s in r.seeds if s.status is SeedStatus.CANCELLED]
-    if cancelled:  # censored: they stopped because a sibling diverged, not by themselves
+    if cancelled:  # censored: they stopped because a sibling diverged or the pruner stopped them
         at = np.array(cancelled, float)
         ax.plot(at, alive[np.searchsorted(steps, at, side="right") - 1], "|", color="k", markersize=9,
                 label=f"cancelled seed ({len(cancelled)}, censored)")

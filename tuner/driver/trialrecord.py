@@ -348,4 +348,4 @@ def diverged_line(records: Sequence[TrialRecord]) -> str:
     done = sum(r.state in (TrialState.COMPLETE, TrialState.PRUNED) for r in records)
     stopped = sum(r.state is TrialState.STOPPED for r in records)
     text = f"{diverged_share(records)}; {len(records) - done - stopped} failed"
-    return text + (f"; {stopped} stopped early for a loss behind the median" if stopped else "")
+    return text + (f"; {stopped} stopped by the pruner (behind)" if stopped else "")
