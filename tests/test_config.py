@@ -50,3 +50,13 @@ def test_redact_hides_passwords_only() -> None:
     assert redact("postgresql://tuner:s3cret@db:5432/optuna") == "postgresql://tuner:***@db:5432/optuna"
     assert redact("sqlite:///tuner.db") == "sqlite:///tuner.db"
     assert "s3cret" not in redact("http://u:s3cret@host/")
+
+
+def test_load_launch_unknown_pruner_names_the_choices(tmp_path: Path) -> None:
+    """A launch file's misspelt pruner says which names it takes (the flag's argparse choices do the same)."""
+    file = tmp_path / "launch.yaml"
+    file.write_text("pruner: firstseed\n")
+    choices = r"'none', 'behind', 'first-seed', 'median' or 'asha'"
+    with pytest.raises(ConfigError, match=rf"pruner: Input should be {choices}"):
+        load_launch({}, str(file))
+    assert load_launch({}).pruner == "first-seed"
