@@ -2,7 +2,9 @@
 
 tuner's own messages use :func:`tuner.config.redact` on the URLs they name, but third-party
 exception text quotes URLs too (MLflow's ``API request to http://u:PASSWORD@host/...``). So the
-CLI registers the password of every URL it was given (:func:`register`) and wraps ``sys.stdout``
+CLI registers the password of every URL it was given (:func:`register`) and every password the
+environment holds for the libraries (:func:`register_secrets`, ``tuner.config.environment_secrets``:
+``PGPASSWORD``, ``MLFLOW_TRACKING_PASSWORD``, ...) and wraps ``sys.stdout``
 and ``sys.stderr`` (:func:`install`): whatever is written there, by tuner, a library's logger or a
 traceback, goes through :func:`mask` first.
 """
@@ -33,8 +35,12 @@ def password_of(url: str | None) -> str | None:
 
 def register(*urls: str | None) -> None:
     """Mask the passwords of these URLs in everything :func:`mask` sees from now on."""
-    for url in urls:
-        secret = password_of(url)
+    register_secrets(*(password_of(url) for url in urls))
+
+
+def register_secrets(*secrets: str | None) -> None:
+    """Mask these passwords (taken from the environment or a file, not from a URL) from now on."""
+    for secret in secrets:
         if secret:
             _SECRETS.update({secret, quote(secret, safe=""), quote(secret)})
 
