@@ -128,6 +128,8 @@ def test_parser_verify_flags() -> None:
     assert (args.min_survival, args.seed, args.fail_fast) == (0.9, 3, False)
     defaults = parser().parse_args(["verify", "best.yaml"])
     assert (defaults.seeds, defaults.steps, defaults.min_survival) == (16, None, 0.8)
+    assert not defaults.trust_file_model
+    assert parser().parse_args(["verify", "b.yaml", "--trust-file-model"]).trust_file_model
 
 
 CONFIGS = FIXTURES / "configs"
@@ -151,6 +153,45 @@ def test_main_verify_bad_input_is_a_clear_error(
     assert main(["verify", str(path), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--seeds", "100000000"], "--seeds 100000000: input should be less than or equal to 10000"),
+    (["--seeds", "0"], "--seeds 0: input should be greater than or equal to 1"),
+    (["--steps", "0"], "--steps 0: input should be greater than or equal to 1"),
+    (["--steps", "100000000"], "--steps 100000000: input should be less than or equal to 10000000"),
+    (["--min-survival", "1.5"], "--min-survival 1.5: input should be less than or equal to 1"),
+    (["--min-survival", "nan"], "--min-survival nan: input should be a finite number"),
+    (["--cpus-per-trial", "0"], "--cpus-per-trial 0.0: input should be greater than 0"),
+    (["--gpus-per-trial", "-1"], "--gpus-per-trial -1.0: input should be greater than or equal to 0"),
+    (["--gpus-per-trial", "1.5"], "--gpus-per-trial above 1 must be a whole number"),
+    (["--num-cpus", "0"], "--num-cpus 0: input should be greater than or equal to 1"),
+])
+def test_main_verify_out_of_range_counts_are_refused_before_the_file_is_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    assert main(["verify", str(tmp_path / "missing.yaml"), *flags]) == 2  # the missing file is never read
+    err = capsys.readouterr().err
+    assert err == f"tuner: error: {message}\n"
+
+
+@pytest.mark.parametrize(("steps", "message"), [
+    ("0", "--steps 0: input should be greater than or equal to 1"),
+    ("100000", "--steps 100000: input should be less than or equal to 10000"),
+])
+def test_main_check_model_steps_out_of_range_are_refused(
+    capsys: pytest.CaptureFixture[str], steps: str, message: str
+) -> None:
+    assert main(["check-model", "no_such_model", "--steps", steps]) == 2
+    assert capsys.readouterr().err == f"tuner: error: {message}\n"
+
+
+def test_parser_verify_help_shows_percent_signs_once(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["verify", "--help"])
+    out = capsys.readouterr().out
+    assert "95% Wilson lower bound" in " ".join(out.split()) and "%%" not in out
+    assert "--trust-file-model" in out and "10000" in out
 
 
 def test_parser_grace_period_flag_and_its_bounds() -> None:

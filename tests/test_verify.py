@@ -5,6 +5,7 @@ own verification with real training is in test_launch.py."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import optuna
@@ -13,6 +14,7 @@ import yaml
 
 from tests.conftest import FIXTURES, run_tuner
 from tests.test_search import STREAM, FakeExecutor, make_search
+from tuner.cli import main
 from tuner.driver import studyrecord
 from tuner.driver.export import best_config, is_success
 from tuner.driver.trialrecord import ATTR
@@ -114,3 +116,71 @@ def test_verify_command_judges_known_configs(
     counts = re.findall(r"survived (\d+)/16 \(rate", result.stdout)
     assert counts and int(counts[-1]) in survived, result.stdout[-3000:]
     assert verdict in result.stdout
+
+
+EVIL = '''
+from pathlib import Path
+
+Path(__file__).with_name("IMPORTED").write_text("this file ran")
+
+
+class Evil:
+    knobs = {}
+
+    def build(self, knobs):
+        raise RuntimeError("never built here")
+
+    def data(self, knobs):
+        raise RuntimeError("never read here")
+'''
+
+
+def _file_naming(tmp_path: Path, model: str) -> Path:
+    """A best_config.yaml-shaped file whose study.model is ``model`` (its config has a knob no model has)."""
+    path = tmp_path / "from_elsewhere.yaml"
+    path.write_text(yaml.safe_dump({"config": {"learning_rate": 1e-3, "widht": 3}, "stability": {"steps": 10},
+                                    "study": {"model": model}}))
+    return path
+
+
+def test_verify_never_imports_the_model_file_a_config_file_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "evil.py").write_text(EVIL)
+    spec = f"{tmp_path / 'evil.py'}:Evil"
+    assert main(["verify", str(_file_naming(tmp_path, spec))]) == 2
+    err = capsys.readouterr().err
+    assert not (tmp_path / "IMPORTED").exists()  # the file never ran
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"would import the file {tmp_path / 'evil.py'}" in err
+    assert f"--model {spec}" in err and "--trust-file-model" in err
+
+
+def test_verify_never_imports_the_module_a_config_file_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "tuner_test_evil_module.py").write_text(EVIL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["verify", str(_file_naming(tmp_path, "tuner_test_evil_module:Evil"))]) == 2
+    err = capsys.readouterr().err
+    assert not (tmp_path / "IMPORTED").exists() and "tuner_test_evil_module" not in sys.modules
+    assert "would import module 'tuner_test_evil_module'" in err and "--trust-file-model" in err
+
+
+@pytest.mark.parametrize("how", ["--model", "--trust-file-model"])
+def test_verify_imports_the_named_model_file_when_the_command_line_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    (tmp_path / "evil.py").write_text(EVIL)
+    spec = f"{tmp_path / 'evil.py'}:Evil"
+    flags = ["--model", spec] if how == "--model" else ["--trust-file-model"]
+    assert main(["verify", str(_file_naming(tmp_path, spec)), *flags]) == 2  # stopped by the config's unknown knob
+    captured = capsys.readouterr()
+    assert (tmp_path / "IMPORTED").exists()  # the model was loaded, and the file's config checked against it
+    assert "'widht' is not a knob of model" in captured.err
+    assert ("importing the file" in captured.out) == (how == "--trust-file-model")
+
+
+def test_verify_uses_a_built_in_model_a_config_file_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", str(_file_naming(tmp_path, "counting_cnn"))]) == 2
+    assert "'widht' is not a knob of model 'counting_cnn'" in capsys.readouterr().err

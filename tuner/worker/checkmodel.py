@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from tuner.config import prepare_environment
-from tuner.errors import ConfigError, ModelError
+from tuner.config import CheckModelOptions, load_options, prepare_environment
+from tuner.errors import ModelError
 from tuner.knobs import TUNER_KNOBS
 from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code_error
 from tuner.preflight import check_data
@@ -71,18 +71,17 @@ def run_check(args: argparse.Namespace) -> int:
     Returns:
         0 when every check passed, 2 otherwise.
     """
-    if args.steps < 1:
-        raise ConfigError(f"--steps {args.steps}: check-model trains at least 1 step")
+    options = load_options(CheckModelOptions, vars(args))  # --steps in range, before TensorFlow is imported
     prepare_environment()
     import_tensorflow()  # with Keras 2 selected, which tf.compat.v1.layers need
-    print(f"checking model {args.spec!r} against tuner's model contract (docs/models.md)", flush=True)
+    print(f"checking model {options.spec!r} against tuner's model contract (docs/models.md)", flush=True)
     failed = total = 0
-    for check in check_model(args.spec, args.steps):
+    for check in check_model(options.spec, options.steps):
         print(check.line(), flush=True)
         total += 1
         failed += not check.ok
     verdict = "all checks passed" if not failed else f"{failed} of {total} checks failed"
-    print(f"model {args.spec!r}: {verdict}")
+    print(f"model {options.spec!r}: {verdict}")
     return 2 if failed else 0
 
 
