@@ -117,7 +117,7 @@ def test_plots_draw_stopped_trials_apart_and_count_their_seeds_as_far_as_they_ra
 def test_write_plots_writes_pngs_with_nulls_and_choices(tmp_path: Path) -> None:
     rows = [row(i, 10 ** -(2 + i / 3), (100, 100) if i % 3 else (30, 45), "survived" if i % 3 else "diverged",
                 clip_norm=None if i % 2 else 0.5 * i) for i in range(9)]
-    paths = write_plots(rows, tmp_path / "plots", prefix="s_")
+    paths = write_plots(rows, tmp_path / "plots", study="s")
     assert [p.name for p in paths] == ["s_stability_map.png", "s_survival.png"]
     assert all(p.read_bytes().startswith(PNG) for p in paths)
 

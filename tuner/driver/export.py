@@ -21,6 +21,7 @@ from typing import Any
 import optuna
 import yaml
 
+from tuner import atomic
 from tuner.config import redact
 from tuner.driver import studyrecord, trialrecord
 from tuner.driver.trialrecord import TrialRecord
@@ -80,6 +81,9 @@ def best_config(study: optuna.Study, storage: str, steps: int, model: str | None
             "mlflow_run_id": trial.run_id or (runs or {}).get(trial.number),
         },
     }
+    budgets = (studyrecord.owner(study) or {}).get("steps") or []
+    if len(budgets) > 1:  # continued with --allow-steps-change
+        doc["study"]["searched_at_steps"] = budgets
     note = _note(diverged, trial.learned, trial.verification)
     if note:
         doc["note"] = note
@@ -139,5 +143,9 @@ def ordered_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_best(path: str | Path, doc: dict[str, Any]) -> None:
-    """Write ``doc`` as YAML (key order kept)."""
-    Path(path).write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))
+    """Write ``doc`` as YAML (key order kept), atomically: on a full disk the earlier file stays whole.
+
+    Raises:
+        OutputError: it could not be written (``tuner.atomic``).
+    """
+    atomic.write_text(path, yaml.safe_dump(doc, sort_keys=False, default_flow_style=False))

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Collection, Sequence
 from functools import partial
 from pathlib import Path
@@ -22,7 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from tuner import atomic
 from tuner.driver.trialrecord import SeedStatus, TrialRecord, diverged_share, varying
+from tuner.errors import OutputError
+from tuner.names import file_safe
 from tuner.records import TrialState
 
 STABILITY_MAP = "stability_map.png"
@@ -41,9 +45,12 @@ def survived_fraction(record: TrialRecord) -> float:
     return record.weakest / record.steps if record.steps else 0.0
 
 
-def write_plots(rows: Sequence[TrialRecord], out_dir: str | Path, prefix: str = "",
+def write_plots(rows: Sequence[TrialRecord], out_dir: str | Path, study: str = "",
                 log_knobs: Collection[str] = ()) -> list[Path]:
     """Write the stability map and the survival curves into ``out_dir``; return their paths.
+
+    The files are ``<study>_stability_map.png`` and ``<study>_survival.png``, the study's name made
+    a plain file name (``tuner.names.file_safe``: "../../x" stays in ``out_dir``).
 
     ``log_knobs`` are the knobs searched on a log scale (``tuner.driver.trialrecord.log_knobs``): drawn on
     log axes; the learning rate always is.
@@ -52,18 +59,28 @@ def write_plots(rows: Sequence[TrialRecord], out_dir: str | Path, prefix: str = 
 
     rows = [r for r in rows if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.STOPPED)]
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot create the plots' folder {out}: {exc.strerror or exc}") from exc
     stopped = sum(r.state is TrialState.STOPPED for r in rows)
     title = diverged_share(rows) + (f"; {stopped} stopped by the pruner" if stopped else "")
+    prefix = f"{file_safe(study)}_" if study else ""
     paths = []
     for name, draw in ((STABILITY_MAP, partial(stability_map, log_knobs=log_knobs)), (SURVIVAL, survival_curves)):
         fig = Figure(figsize=(7, 4.8), layout="constrained")
         draw(fig.add_subplot(), rows)
         fig.suptitle(title, fontsize=10)
-        path = out / f"{prefix}{name}"
-        fig.savefig(path, dpi=110)
-        paths.append(path)
+        paths.append(_save(fig, out / f"{prefix}{name}"))
     return paths
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Render ``fig`` as PNG in memory, then write it atomically (tuner.atomic): a full disk leaves
+    the earlier plot whole."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
+    return atomic.write_bytes(path, png.getvalue())
 
 
 def stability_map(ax: Any, rows: Sequence[TrialRecord], log_knobs: Collection[str] = ()) -> None:
