@@ -212,3 +212,39 @@ def _running_steps(storage: str) -> bool:
     except KeyError:
         return False
     return any(t.state == optuna.trial.TrialState.RUNNING and t.intermediate_values for t in trials)
+
+
+def test_fault_full_disk_under_out_keeps_the_earlier_best_config_one_line_exit_6(tmp_path: Path) -> None:
+    """A real full disk (a tmpfs filled to the last byte) under --out: every trial trains, then the
+    write fails; the earlier best_config.yaml is left exactly as it was, no temporary file stays, one
+    line says so (exit 6), nothing is RUNNING, and the same command with space writes it untrained."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from tests.fulldisk import full_disk
+
+    earlier = b"config:\n  learning_rate: 0.001\nstudy:\n  name: s1\n"
+    storage = f"sqlite:///{tmp_path / 't.db'}"
+    out = tmp_path / "disk" / "best.yaml"
+    args = ["launch", "--trials", "2", "--steps", "20", "--seeds", "1", *NO_VERIFY, "--no-margin", "--no-live",
+            "--storage", storage, "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--out", str(out),
+            "--num-cpus", "2", "--study", "s1"]
+    with full_disk(out.parent, {out.name: earlier}) as disk:
+        result = run_tuner(args, cwd=tmp_path, timeout=300)
+        assert result.returncode == 6, result.stdout[-2000:] + result.stderr[-2000:]
+        lines = [line for line in result.stderr.splitlines() if line.startswith("tuner:")]
+        assert len(lines) == 1 and "Traceback" not in result.stderr + result.stdout, result.stderr
+        assert f"cannot write {out}: the disk holding {disk} is full" in lines[0]
+        assert "study 's1' is kept" in lines[0] and "run the same command again" in lines[0]
+        assert out.read_bytes() == earlier
+        assert sorted(p.name for p in disk.iterdir()) == [".filler", out.name]  # no temporary file left
+    trials = optuna.load_study(study_name="s1", storage=storage).trials
+    assert len(trials) == 2 and all(t.state.is_finished() and t.state != optuna.trial.TrialState.FAIL for t in trials)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("s1").experiment_id])
+    assert not [r.info.run_id for r in runs if r.info.status == "RUNNING"]
+    assert [r.info.status for r in runs if r.data.tags.get("tuner.role") == "study"] == ["FAILED"]
+    again = run_tuner(args, cwd=tmp_path, timeout=300)  # the disk unmounted: the same folder, with space
+    assert again.returncode in FINISHED, again.stdout[-2000:] + again.stderr[-2000:]
+    assert "nothing to train" in " ".join(again.stdout.split())
+    assert yaml.safe_load(out.read_text())["study"]["trial"] in {t.number for t in trials}
