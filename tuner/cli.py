@@ -5,7 +5,10 @@ in ``tuner.driver.launch`` / ``tuner.driver.report`` / ``tuner.worker.checkmodel
 as one clear message (no traceback) and the exit status is 2 (bad input), or 4 when every trial of
 a launch failed. Passwords are masked in all output (``tuner.masking``). ``launch`` and ``verify`` exit 3
 when the config they end with is not shown stable (it diverged, did not learn, or its verified
-survival's lower bound is below ``--min-survival``).
+survival's lower bound is below ``--min-survival``). Exit 6: a file tuner writes (best_config.yaml,
+a plot) could not be written, a full disk say; the earlier file is left whole (``tuner.atomic``),
+the study is kept, and the same command (or ``tuner report`` for the plots) writes it again. A
+message is capped at :data:`MAX_MESSAGE` characters, its head and tail kept around an ellipsis.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ LAUNCH_FLAGS = (
     "max_concurrent", "max_retries", "num_cpus", "num_gpus", "sampler", "seed", "out",
     "allow_bad_data", "live", "race_seeds", "verify_seeds", "verify_steps", "min_survival",
     "verify_candidates", "margin", "pruner", "graph_reuse",
-    "grace_period", "placement_timeout",
+    "grace_period", "placement_timeout", "allow_steps_change",
 )
 
 
@@ -44,7 +47,8 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--seeds", type=int, help="seeds per trial, run in parallel (default 2)")
     p.add_argument("--report-every", type=int, help="steps between progress records (default 25)")
     p.add_argument("--study", help="study name; the same name and storage continue a study (default: model name)")
-    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///tuner.db)")
+    p.add_argument("--storage", help="Optuna storage URL; keep a password out of argv with $TUNER_STORAGE, "
+                   "PGPASSWORD or ~/.pgpass (docs/operations.md) (default $TUNER_STORAGE or sqlite:///tuner.db)")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     p.add_argument("--no-tracking", action="store_true", default=None, help="do not log to MLflow")
     p.add_argument("--address", help="join this Ray cluster (host:port or auto); default: start a local one")
@@ -88,6 +92,10 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--margin", action=argparse.BooleanOptionalAction, default=None,
                    help="measure the winner's learning-rate margin (x1.5, 2, 3, 5) on the verification seeds "
                         "(default: on)")
+    p.add_argument("--allow-steps-change", action="store_true", default=None,
+                   help="continue a study that earlier launches searched at another --steps (refused without it: "
+                        "their trials' losses are not comparable with this budget's); best_config.yaml records "
+                        "every budget the study was searched at")
     p.add_argument("--graph-reuse", action=argparse.BooleanOptionalAction, default=None,
                    help="a worker reuses the graph it built for a model config, reseeded, for the next run of "
                         "that config; --no-graph-reuse builds every run's graph afresh, for a model whose "
@@ -100,7 +108,7 @@ def add_report(sub: Any) -> None:
                        description="Print a study's trials and write its stability plots.")
     p.add_argument("--model", help="the launch's model, whose name is the default study name (default iterated_mlp)")
     p.add_argument("--study", help="study name (default: the model's name, as launch)")
-    p.add_argument("--storage", default="sqlite:///tuner.db", help="Optuna storage URL (default sqlite:///tuner.db)")
+    p.add_argument("--storage", help="Optuna storage URL (default $TUNER_STORAGE or sqlite:///tuner.db, as launch)")
     p.add_argument("--tracking-uri",
                    help="MLflow tracking URI: divergence causes, and the plots attached to the launch run "
                         "(default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db, as launch, if that file exists)")
@@ -112,14 +120,24 @@ def add_verify(sub: Any) -> None:
     """The ``verify`` command: retrain a config on fresh seeds; exit 0 only if it meets the bar."""
     p = sub.add_parser("verify", help="retrain a config on fresh seeds and bound its survival rate",
                        description="Retrain a config (best_config.yaml's shape) on fresh seeds; print "
-                                   "'survived k/n' with a 95%% Wilson lower bound; exit 0 if the bound "
-                                   "reaches --min-survival, else 3.")
+                                   "'survived k/n' with a 95% Wilson lower bound; exit 0 if the bound "
+                                   "reaches --min-survival, else 3. The file is data: a model it names "
+                                   "from a .py file or a module is imported only if --model names it too, "
+                                   "or with --trust-file-model.")
     p.add_argument("config", help="a YAML with a 'config:' mapping of knob values (best_config.yaml)")
-    p.add_argument("--seeds", type=int, default=16, help="fresh seeds to train on (default 16)")
-    p.add_argument("--steps", type=int, help="steps per run (default: 2 x the file's stability.steps)")
-    p.add_argument("--model", help="model (default: the file's study.model, else iterated_mlp)")
+    p.add_argument("--seeds", type=int, default=16,
+                   help="fresh seeds to train on, 1 to 10000: each is one training run, and 10000/10000 "
+                        "already bounds the rate above 0.9996 (default 16)")
+    p.add_argument("--steps", type=int,
+                   help="steps per run, 1 to 10 million (default: 2 x the file's stability.steps)")
+    p.add_argument("--model",
+                   help="model: iterated_mlp, counting_cnn, pkg.module:Name or file.py:Name (default: the "
+                        "file's study.model, a file or module one only with --trust-file-model; else iterated_mlp)")
+    p.add_argument("--trust-file-model", action="store_true",
+                   help="import the .py file or module that the file's study.model names (without it, "
+                        "tuner says which it would import and stops)")
     p.add_argument("--min-survival", type=float, default=0.8,
-                   help="bar for the 95%% lower bound of the survival rate (default 0.8)")
+                   help="bar for the 95%% lower bound of the survival rate, 0 to 1 (default 0.8)")
     p.add_argument("--seed", type=int, help="derive the fresh seeds from this number (default: random)")
     p.add_argument("--fail-fast", action="store_true",
                    help="stop at the first divergence that puts the bar out of reach")
@@ -134,7 +152,7 @@ def add_check_model(sub: Any) -> None:
     p = sub.add_parser("check-model", help="build a model once, train a few steps, check the contract",
                        description="Check that a model follows tuner's model contract.")
     p.add_argument("spec", help="iterated_mlp, counting_cnn, pkg.module:Name or path/file.py:Name")
-    p.add_argument("--steps", type=int, default=5, help="training steps to run (default 5)")
+    p.add_argument("--steps", type=int, default=5, help="training steps to run, 1 to 10000 (default 5)")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -144,9 +162,17 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"tuner: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
+MAX_MESSAGE = 600  # characters of a printed message: a YAML alias bomb's parser error was 392 KB
+
+
 def one_line(text: str) -> str:
-    """``text`` on one line, passwords masked."""
-    return masking.mask(" ".join(text.split()))
+    """``text`` on one line, passwords masked (before it is cut), at most :data:`MAX_MESSAGE` long:
+    a longer one keeps its head (what is wrong) and its tail (the fix) around `` ... ``."""
+    text = masking.mask(" ".join(text.split()))
+    if len(text) <= MAX_MESSAGE:
+        return text
+    tail = MAX_MESSAGE // 3
+    return f"{text[:MAX_MESSAGE - tail - 5]} ... {text[-tail:]}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -166,9 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Every password of a storage or tracking URL is masked in whatever is printed (tuner.masking).
     """
+    from tuner.config import environment_secrets
+
     masking.install()
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # no MLflow INFO lines in tuner's output
-    masking.register(os.environ.get("MLFLOW_TRACKING_URI"))
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "CRITICAL")  # no MLflow log lines: tuner says what failed
+    masking.register_secrets(*environment_secrets())  # PGPASSWORD, MLFLOW_TRACKING_PASSWORD, $TUNER_STORAGE's, ...
     args = parser().parse_args(argv)
     masking.register(getattr(args, "storage", None), getattr(args, "tracking_uri", None))
     try:
@@ -190,9 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         kind = "tuner:" if isinstance(exc, Interrupted) else "tuner: error:"
         print(f"{kind} {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("tuner: interrupted; run the same command again to continue the study", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # a stop signal outside a launch's own handling
+        from tuner.driver.signals import stopped
+
+        stop = stopped(exc)
+        print(f"tuner: {'interrupted' if stop.name == 'Ctrl-C' else 'stopped by ' + stop.name}; run the same "
+              "command again to continue", file=sys.stderr)
+        return stop.exit_code
     return 1
 
 

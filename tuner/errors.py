@@ -40,7 +40,20 @@ class TrackingError(TunerError):
     """The MLflow tracking server cannot be reached."""
 
 
+class OutputError(TunerError):
+    """A file tuner writes (best_config.yaml, a plot) could not be written: a full disk, a folder
+    that went away or became read-only. The earlier file is unchanged (``tuner.atomic``) and the
+    study is kept: the same command, or ``tuner report``, writes it again."""
+
+    exit_code = 6
+
+
 class Interrupted(TunerError):
-    """Ctrl-C stopped a launch; the message says what the study kept and what will be rerun."""
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) stopped a launch; the message says what the study kept
+    and what will be rerun. The exit status is 128 + the signal: 130, 143, 129."""
 
     exit_code = 130
+
+    def __init__(self, message: str, exit_code: int = 130) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

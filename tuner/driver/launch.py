@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
+import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +25,7 @@ from tuner.config import LaunchConfig, prepare_environment, redact
 from tuner.driver.capacity import Watched
 from tuner.driver.liveness import Liveness, counted
 from tuner.driver.targets import check_targets
-from tuner.errors import ConfigError, Interrupted
+from tuner.errors import ConfigError, Interrupted, OutputError
 from tuner.masking import mask
 from tuner.models import Model, load_model, runtime_env
 from tuner.spaces import SearchSpace, default_space, load_space
@@ -36,19 +36,36 @@ METRIC = "val_loss"  # the objective's name in Optuna: a COMPLETE trial's valida
 
 
 def launch(config: LaunchConfig) -> dict[str, Any]:
-    """Run one launch end to end; return the best-config document that was written."""
+    """Run one launch end to end; return the best-config document that was written.
 
-    from tuner.driver import ctrl_c, dashboard, studyrecord
+    Raises:
+        Interrupted: a stop signal came (tuner.driver.signals); its exit code is 128 + the signal.
+    """
+    from tuner.driver import signals
+
+    prepare_environment()
+    quiet_third_party()
+    restore_signals = signals.noted()  # SIGINT, SIGTERM, SIGHUP raise Stopped; a dropped one at the next poll
+    try:
+        return _launch(config)
+    except signals.Stopped as exc:  # before the study was opened: nothing to clean
+        raise Interrupted(f"stopped by {exc.name} before the study was opened: nothing was trained",
+                          exc.exit_code) from None
+    finally:
+        restore_signals()
+
+
+def _launch(config: LaunchConfig) -> dict[str, Any]:
+    from tuner.driver import dashboard, signals, studyrecord
     from tuner.driver.executor import RayExecutor
-    from tuner.driver.export import best_config, write_best
+    from tuner.driver.export import best_config
     from tuner.driver.progress import ProgressView, summary_table
     from tuner.driver.search import Budget, Search, prune_start
     from tuner.driver.verify import Runner, verify_study
 
-    prepare_environment()
-    quiet_third_party()
     model, space = prepare(config)
     liveness = Liveness(config.grace_period, say=_say)
+    check_owner(config, space)  # a study continued with another model, space or --steps: refused
     skip, skipped = run_preflight(config, model, space)  # before anything is started or created
     done = finished_study(config)
     if done is not None:  # the same command again: nothing to train, no cluster, no MLflow run
@@ -59,8 +76,8 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         executor = Watched(lambda: RayExecutor(cluster_config(config)), config.address, config.placement_timeout,
                            say=_say)  # on error, the pool waits for the connect
     tracker, closing, study = None, None, None
-    restore_sigint = ctrl_c.noted()  # a Ctrl-C Python drops is raised at the next poll
     try:
+        signals.raise_if_dropped()  # tuner's handlers back in place of the ones ray.init set
         tracker = make_tracker(config, connecting.result(), liveness.driver)
         if tracker and skip:
             tracker.set_launch_tags(_skip_tags(skip, skipped))
@@ -99,38 +116,41 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
             runs = tracker.runs()  # asked once the search has ended: the search never asks the tracker
         console.print(summary_table(search.outcomes, shown_knobs(space), config.steps))
         doc = best_config(study, config.storage, config.steps, config.model, runs)
-        write_best(config.out, doc)
+        write_answer(config, doc, study.study_name)
         _print_best(doc, config.out)
-        plots = write_study_plots(study, config.out)
+        plots = write_study_plots(study, config.out, config.storage)
         if tracker:
             tracker.close("FINISHED", _study_summary(study), artifacts=(config.out, *plots))
         return doc
     except BaseException as exc:
-        stopped = stop_launch(study, tracker, liveness, exc)
-        if isinstance(exc, KeyboardInterrupt):
-            raise Interrupted(_interrupted_message(study, stopped)) from None
-        raise
+        with signals.cleaning():  # a second signal now ends the process at once
+            stopped = stop_launch(study, tracker, liveness, exc)
+            if isinstance(exc, KeyboardInterrupt):
+                stop = signals.stopped(exc)
+                raise Interrupted(_interrupted_message(study, stopped, stop), stop.exit_code) from None
+            raise
     finally:
-        restore_sigint()
-        liveness.stop()
-        if closing is None:
-            executor.close()
-        else:
-            closing.join()
+        with signals.cleaning():
+            liveness.stop()
+            if closing is None:
+                executor.close()
+            else:
+                closing.join()
 
 
 def stop_launch(study: Any, tracker: Any, liveness: Liveness, exc: BaseException) -> list[int]:
     """Leave nothing RUNNING: this launch's trials in flight are told FAIL and queued again, their
-    MLflow runs and the launch run are closed (KILLED on Ctrl-C, else FAILED). Ctrl-C is ignored
-    meanwhile (a second one would leave half of it undone); it takes a few seconds at most.
+    MLflow runs and the launch run are closed (KILLED on a stop signal, else FAILED). Optuna comes
+    first: a second signal ends the process at once (tuner.driver.signals), and a trial left RUNNING
+    waits out the grace period, while an MLflow run is closed by the next launch's repair anyway.
 
     Returns:
         The numbers of the trials stopped mid-run.
     """
+    from tuner.driver.signals import stopped as as_stop
+
     interrupted = isinstance(exc, KeyboardInterrupt)
-    if interrupted and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    reason = "interrupted (Ctrl-C)" if interrupted else f"the launch stopped: {type(exc).__name__}"
+    reason = as_stop(exc).reason if interrupted else f"the launch stopped: {type(exc).__name__}"
     stopped = liveness.abandon(reason) if study is not None else []
     if tracker is not None:
         tracker.flush()
@@ -143,13 +163,14 @@ def stop_launch(study: Any, tracker: Any, liveness: Liveness, exc: BaseException
     return stopped
 
 
-def _interrupted_message(study: Any, stopped: list[int]) -> str:
+def _interrupted_message(study: Any, stopped: list[int], stop: Any) -> str:
+    said = "interrupted" if stop.name == "Ctrl-C" else f"stopped by {stop.name}"
     if study is None:
-        return "interrupted before the study was opened: nothing was trained"
+        return f"{said} before the study was opened: nothing was trained"
     kept = counted(study.get_trials(deepcopy=False))
     rerun = (f"trial(s) {', '.join(map(str, stopped))} stopped mid-run: marked FAIL and queued again; "
              if stopped else "")
-    return (f"interrupted: study {study.study_name!r} keeps its {kept} finished trial(s); {rerun}"
+    return (f"{said}: study {study.study_name!r} keeps its {kept} finished trial(s); {rerun}"
             "run the same command to continue the study")
 
 
@@ -205,14 +226,40 @@ def _skip_tags(skip: Any, text: str) -> dict[str, str]:
             "preflight": text}
 
 
-def write_study_plots(study: Any, out: str) -> list[str]:
-    """The stability map and survival curves beside best_config.yaml (tuner.driver.plots); [] if they fail."""
+def write_answer(config: LaunchConfig, doc: dict[str, Any], study: str) -> None:
+    """Write best_config.yaml (atomically: tuner.driver.export.write_best).
+
+    Raises:
+        OutputError: it could not be written (a full disk); the earlier file is unchanged, and the
+            message says that the study is kept and that the same command writes it again.
+    """
+    from tuner.driver.export import write_best
+
+    try:
+        write_best(config.out, doc)
+    except OutputError as exc:
+        raise OutputError(f"{exc}; study {study!r} is kept: free some space (or pass another --out), then run "
+                          "the same command again, which writes it without training") from exc
+
+
+def write_study_plots(study: Any, out: str, storage: str) -> list[str]:
+    """The stability map and survival curves beside best_config.yaml (tuner.driver.plots); [] if
+    drawing them fails.
+
+    Raises:
+        OutputError: they could not be written (a full disk): the message says how to write them again.
+    """
     from tuner.driver.plots import write_plots
     from tuner.driver.trialrecord import log_knobs, study_records
 
+    folder = Path(out).resolve().parent
     try:
-        paths = write_plots(study_records(study), Path(out).resolve().parent, prefix=f"{study.study_name}_",
-                            log_knobs=log_knobs(study))
+        paths = write_plots(study_records(study), folder, study=study.study_name, log_knobs=log_knobs(study))
+    except OutputError as exc:
+        again = (f"python -m tuner report --study {shlex.quote(study.study_name)} --storage "
+                 f"{shlex.quote(redact(storage))} --out-dir {shlex.quote(str(folder))}")
+        raise OutputError(f"{exc}; {out} was written and study {study.study_name!r} is kept: free some space, "
+                          f"then `{again}` writes the plots") from exc
     except Exception as exc:  # plots are a convenience: never lose a finished launch to them
         log.warning("could not write the study plots: %s", exc)
         return []
@@ -286,6 +333,9 @@ def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | No
             f"--storage {redact(config.storage)}: cannot open the Optuna storage: {str(exc).splitlines()[0]}"
         ) from exc
     name_metric(study)
+    from tuner.driver import studyrecord
+
+    studyrecord.claim(study, config.model, studyrecord.space_signature(space), config.steps)
     if existed and config.seed is not None:  # a continued study, or one another launch is running
         held = len(study.get_trials(deepcopy=False))
         study.sampler = make_sampler(config.sampler, resumed_seed(config.seed, held), searched)
@@ -365,18 +415,57 @@ def _print_best(doc: dict[str, Any], out: str) -> None:
 
 
 def quiet_third_party() -> None:
-    """No INFO lines from MLflow (and the alembic migrations it runs on a new database) in a launch:
-    MLflow sets its loggers' level from ``MLFLOW_LOGGING_LEVEL`` when it is imported."""
+    """No lines from MLflow's own logging (and the alembic migrations it runs on a new database) in a
+    launch: its INFO lines, and its ERROR records with their tracebacks when its store fails (51 of
+    them for a full disk); tuner says in one line what could not be logged
+    (tuner.driver.mlflow_sender). MLflow sets its loggers' level from ``MLFLOW_LOGGING_LEVEL`` when
+    it is imported."""
     import os
 
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "CRITICAL")
     for name in ("mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def shown_knobs(space: SearchSpace) -> list[str]:
     """The knobs a trial's line and the table show: the learning rate, then the searched ones."""
     return ["learning_rate", *(k for k in space.searched() if k != "learning_rate")]
+
+
+def existing_study(config: LaunchConfig) -> Any:
+    """The study of ``config`` if its storage holds it, else None; read only: nothing is created."""
+    import optuna
+
+    if config.storage.startswith("sqlite:///") and not Path(config.storage.removeprefix("sqlite:///")).is_file():
+        return None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        if config.study_name not in optuna.study.get_all_study_names(config.storage):
+            return None
+        return optuna.load_study(study_name=config.study_name, storage=config.storage)
+    except Exception:  # the launch opens the storage itself and says what is wrong
+        return None
+
+
+def check_owner(config: LaunchConfig, space: SearchSpace) -> None:
+    """Refuse to continue a study that was created for another model or space, or searched at
+    another ``--steps`` (unless ``--allow-steps-change``): TPE would mix them, and best_config.yaml
+    would label one model's config with another's name. Read only.
+
+    Raises:
+        ConfigError: naming what differs and the flag that starts a new study.
+    """
+    from tuner.driver import studyrecord
+
+    study = existing_study(config)
+    recorded = studyrecord.owner(study) if study is not None else None
+    if recorded is None:
+        return
+    differs = studyrecord.mismatch(recorded, config.model, studyrecord.space_signature(space), config.steps,
+                                   config.allow_steps_change)
+    if differs:
+        raise ConfigError(f"--study {config.study_name}: the study on {redact(config.storage)} {differs}; "
+                          "pass --study NEW_NAME to start a new study for this launch")
 
 
 def finished_study(config: LaunchConfig) -> Any:
@@ -388,14 +477,8 @@ def finished_study(config: LaunchConfig) -> Any:
     from tuner.driver import studyrecord
     from tuner.driver.verify import candidates
 
-    if config.storage.startswith("sqlite:///") and not Path(config.storage.removeprefix("sqlite:///")).is_file():
-        return None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        if config.study_name not in optuna.study.get_all_study_names(config.storage):
-            return None
-        study = optuna.load_study(study_name=config.study_name, storage=config.storage)
-    except Exception:  # the launch opens the storage itself and says what is wrong
+    study = existing_study(config)
+    if study is None:
         return None
     trials = study.get_trials(deepcopy=False)
     if counted(trials) < config.trials or any(t.state == optuna.trial.TrialState.RUNNING for t in trials):
@@ -412,7 +495,7 @@ def finished_study(config: LaunchConfig) -> Any:
 
 def show_finished(study: Any, config: LaunchConfig) -> dict[str, Any]:
     """Say that the study already has its trials, show and write its best config, say how to run more."""
-    from tuner.driver.export import best_config, write_best
+    from tuner.driver.export import best_config
 
     held = counted(study.get_trials(deepcopy=False))
     console.print(f"study {study.study_name!r} on {redact(config.storage)} already has {held} finished trial(s) "
@@ -422,7 +505,7 @@ def show_finished(study: Any, config: LaunchConfig) -> dict[str, Any]:
 
     runs = {} if config.no_tracking else stored_runs(config.tracking_uri, config.study_name)  # read only
     doc = best_config(study, config.storage, config.steps, config.model, runs)
-    write_best(config.out, doc)
+    write_answer(config, doc, study.study_name)
     _print_best(doc, config.out)
     console.print(f"to run more trials, give a higher total: --trials {held + config.trials} runs "
                   f"{config.trials} more; `python -m tuner report --study {study.study_name}` shows them all",

@@ -47,6 +47,14 @@ def counted(trials: Sequence[optuna.trial.FrozenTrial]) -> int:
                for t in trials)
 
 
+def live_drivers(study: Any, grace: float = 30) -> set[str]:
+    """Ids of the drivers whose last beat on ``study`` is within ``grace`` seconds (a driver that
+    stopped recorded 0: gone at once)."""
+    now = time.time()
+    return {key.removeprefix(DRIVER_BEAT) for key, value in study.user_attrs.items()
+            if key.startswith(DRIVER_BEAT) and isinstance(value, (int, float)) and now - value < grace}
+
+
 class Liveness:
     """One driver's heartbeats and its repair of the study (see the module docs)."""
 
@@ -55,7 +63,7 @@ class Liveness:
         self.interval = max(1, grace // 6)
         self.driver = uuid.uuid4().hex[:12]
         self.say = say  # where "trial N was left running ..." goes (the terminal view once it is up)
-        self.on_reap: list[Callable[[], object]] = []  # called after stale trials were failed
+        self.on_reap: list[Callable[[], object]] = []  # called after stale trials were failed, or a driver died
         self.study: Any = None
         self._mine: dict[int, int] = {}  # trial number -> trial id, of the trials this driver runs
         self._lock = threading.Lock()
@@ -64,6 +72,7 @@ class Liveness:
         self._last_reap = time.monotonic()
         self._reaped: list[int] = []
         self._warned = False
+        self._live: set[str] = set()  # the drivers live at the last beat: one that drops out died
 
     def storage(self, url: str) -> optuna.storages.RDBStorage:
         """An Optuna RDB storage of ``url`` whose stale trials are queued again by this driver."""
@@ -83,10 +92,16 @@ class Liveness:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the heartbeats (this driver's trials become stale after the grace period)."""
+        """Stop the heartbeats (this driver's trials become stale after the grace period) and record
+        that this driver is gone, so that the next launch or ``tuner report`` closes at once any MLflow
+        run it could not close (an MLflow store that failed) instead of waiting out the grace period."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+            try:
+                self.study.set_user_attr(f"{DRIVER_BEAT}{self.driver}", 0)
+            except Exception as exc:  # the storage is gone: the beat goes stale after the grace period
+                log.debug("could not record that driver %s stopped: %s", self.driver, exc)
 
     def claim(self, trial: optuna.trial.Trial) -> None:
         """Mark a trial just asked as this driver's: its first heartbeat, then the owner tag."""
@@ -160,10 +175,7 @@ class Liveness:
 
     def live_drivers(self) -> set[str]:
         """Ids of the drivers whose last beat on the study is within the grace period (this one too)."""
-        now = time.time()
-        live = {key.removeprefix(DRIVER_BEAT) for key, value in self.study.user_attrs.items()
-                if key.startswith(DRIVER_BEAT) and isinstance(value, (int, float)) and now - value < self.grace}
-        return live | {self.driver}
+        return live_drivers(self.study, self.grace) | {self.driver}
 
     def _requeue(self, study: Any, trial: optuna.trial.FrozenTrial) -> None:
         study.enqueue_trial(trial.params, user_attrs={RERUN_OF: trial.number}, skip_if_exists=False)
@@ -172,6 +184,7 @@ class Liveness:
                  "marked FAIL, queued again")
 
     def _beat_loop(self) -> None:
+        self._live = self.live_drivers()
         while not self._stop.wait(self.interval):
             with self._lock:
                 ids = list(self._mine.values())
@@ -179,10 +192,22 @@ class Liveness:
                 for trial_id in ids:
                     self.study._storage.record_heartbeat(trial_id)
                 self._beat_driver()
+                self._notice_dead_drivers()
             except Exception as exc:  # the storage did not answer: try again at the next beat
                 if not self._warned:
                     log.warning("could not record a heartbeat in the Optuna storage: %s", exc)
                     self._warned = True
+
+    def _notice_dead_drivers(self) -> None:
+        """Call the ``on_reap`` hooks when a driver that was live stopped beating: a driver killed
+        during its verification leaves no trial to reap, but runs to close (tuner.driver.tracking)."""
+        live = self.live_drivers()
+        died, self._live = self._live - live, live
+        for hook in self.on_reap if died else ():
+            try:
+                hook()
+            except Exception as exc:  # MLflow did not answer: the next launch or `tuner report` closes them
+                log.debug("could not close a dead driver's runs: %s", exc)
 
     def _beat_driver(self) -> None:
         self.study.set_user_attr(f"{DRIVER_BEAT}{self.driver}", time.time())

@@ -62,6 +62,7 @@ class Sender:
         self._tables: dict[Target, dict[str, list[dict[str, float]]]] = {}  # target -> table -> rows spilled
         self._rows_in = self._rows_queued = self._rows_out = 0  # metric points buffered, queued, sent
         self.down = False  # the last send failed (warned once)
+        self.broken: str | None = None  # why the store fails for good (a full disk): nothing more is sent
         self._last_queued = time.monotonic()
         self.lock = threading.Lock()  # one sender at a time: the background thread, or flush()
         self._wake = threading.Event()
@@ -71,7 +72,8 @@ class Sender:
 
     def append(self, op: Callable[[], object]) -> None:
         """Queue an operation, sent after those queued before it (retried until it goes)."""
-        self._ops.append(op)
+        if self.broken is None:
+            self._ops.append(op)
 
     def backlog(self) -> int:
         """Metric points buffered or queued and not yet sent."""
@@ -87,6 +89,8 @@ class Sender:
 
     def add(self, target: Target, points: list[Point]) -> None:
         """Buffer metric points of a run; queue the runs that are due (at most every 0.25 s)."""
+        if self.broken is not None:
+            return
         batch = self._metrics.setdefault(target, [])
         if not batch:
             self._since[target] = time.monotonic()
@@ -97,6 +101,8 @@ class Sender:
 
     def add_row(self, target: Target, table: str, row: dict[str, float]) -> None:
         """Add a row to a table of the run's telemetry.json, logged when the run ends."""
+        if self.broken is not None:
+            return
         self._tables.setdefault(target, {}).setdefault(table, []).append(row)
 
     def wake(self) -> None:
@@ -141,7 +147,7 @@ class Sender:
     def _send(self) -> bool:
         """Send queued operations in order (``before`` first, each time); on failure keep the rest
         and warn once. The lock is taken per operation, so that a caller waits for one at most."""
-        while True:
+        while self.broken is None:
             with self.lock:
                 try:
                     self._before()
@@ -149,16 +155,34 @@ class Sender:
                         break
                     self._ops[0]()
                 except Exception as exc:  # the server went away: keep the op, retry on the next send
+                    why = for_good(exc)
+                    if why:
+                        self._give_up(why)
+                        return False
                     if not self.down:
                         log.warning("MLflow at %s is not answering (%s); buffering and retrying",
                                     self._where, first_line(exc))
                         self.down = True
                     return False
                 self._ops.popleft()
+        if self.broken is not None:
+            return False
         if self.down:
             log.warning("MLflow at %s answers again; the buffered records are logged", self._where)
             self.down = False
         return True
+
+    def _give_up(self, why: str) -> None:
+        """The store fails for good (a full disk, a lost permission): say so once, drop the queue and
+        send nothing more; the study keeps every trial, and the next launch or ``tuner report`` closes
+        the runs and logs the trials MLflow lacks (tuner.driver.orphans)."""
+        self.broken = why
+        self._ops.clear()
+        self._metrics.clear()
+        self._tables.clear()
+        log.warning("MLflow at %s cannot store anything (%s): nothing more of this launch is logged to it; the "
+                    "Optuna study keeps every trial, and once the store is writable `python -m tuner report` "
+                    "closes this launch's runs and logs the trials it lacks", self._where, self.broken)
 
     def _send_loop(self) -> None:
         """The background sender: the queue about once a second, or at once when woken."""
@@ -172,15 +196,32 @@ class Sender:
         """Queue everything buffered and then ``last``, stop the thread, and flush (retrying for up
         to ``wait`` seconds); warn of what could not be sent."""
         self.queue_all()  # with the telemetry.json of runs still open (an interrupted launch)
-        self._ops.append(last)
+        self.append(last)
         self._stopping = True
         self._wake.set()
         self._thread.join()
         deadline = time.monotonic() + wait
-        while not self.flush() and time.monotonic() < deadline:
+        while not self.flush() and self.broken is None and time.monotonic() < deadline:
             time.sleep(1.0)
-        if self._ops:
+        if self._ops and self.broken is None:
             log.warning("MLflow did not come back: %d queued operations were not logged", len(self._ops))
+
+
+# what a store that fails for good says: SQLite's and PostgreSQL's full disk, a lost write permission
+_FOR_GOOD = ("database or disk is full", "no space left on device", "disk full", "readonly database",
+             "read-only file system", "permission denied", "disk i/o error", "could not extend file")
+
+
+def for_good(exc: BaseException) -> str | None:
+    """Why the store cannot take writes until someone acts (a full disk, a lost permission), in its
+    own words; None for a server that is away for a while (refused, timed out, 5xx)."""
+    import errno
+    import os
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+        return os.strerror(exc.errno)
+    text = " ".join(str(exc).lower().split())
+    return next((phrase for phrase in _FOR_GOOD if phrase in text), None)
 
 
 def first_line(exc: BaseException) -> str:

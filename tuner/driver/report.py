@@ -12,20 +12,21 @@ record lacks, and the plots are attached to the study's latest launch run.
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from tuner.config import redact
+from tuner.config import env_tracking_uri, redact, storage_url
 from tuner.driver import mlflow_runs, studyrecord, trialrecord
 from tuner.driver.evidence import MARGIN_FACTORS, Margin
 from tuner.driver.plots import write_plots
+from tuner.driver.targets import check_sqlite_intact
 from tuner.driver.trialrecord import TrialRecord, diverged_line, varying
 from tuner.driver.views import trials_table
-from tuner.errors import ConfigError, TrackingError
+from tuner.errors import ConfigError, OutputError, TrackingError
+from tuner.names import study_name_problem
 
 DEFAULT_TRACKING = "sqlite:///mlflow.db"
 
@@ -34,15 +35,23 @@ def run_report(args: argparse.Namespace) -> int:
     """Print the table of ``args.study`` and write its plots into ``args.out_dir``."""
     console = Console(width=None if Console().is_terminal else 120)
     args.study = args.study or study_name(getattr(args, "model", None) or "iterated_mlp")
-    study = load_study(args.study, args.storage)
-    records = study_rows(study)
+    args.storage = storage_url(args.storage)  # --storage, else $TUNER_STORAGE, else launch's default
     uri = tracking_uri(args)
+    check_stores(args.study, args.storage, uri)
+    study = load_study(args.study, args.storage)
+    if uri:
+        mend_runs(uri, study, console.print)
+    records = study_rows(study)
     causes = mlflow_causes(uri, args.study) if uri else {}
     console.print(trials_table(records, varying(records), causes))
     console.print(diverged_line(records), highlight=False)
     for line in selection_lines(study):
         console.print(line, highlight=False, markup=False)
-    paths = write_plots(records, args.out_dir, prefix=f"{args.study}_", log_knobs=trialrecord.log_knobs(study))
+    try:
+        paths = write_plots(records, args.out_dir, study=args.study, log_knobs=trialrecord.log_knobs(study))
+    except OutputError as exc:
+        raise OutputError(f"{exc}; the study is kept: free some space (or pass another --out-dir), then run the "
+                          "same command again") from exc
     if uri:
         try:
             attach_plots(uri, args.study, paths)
@@ -54,12 +63,26 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_stores(study: str, storage: str, uri: str | None) -> None:
+    """The study's name is one the stores can hold, and SQLite stores are not damaged (read only).
+
+    Raises:
+        ConfigError: one line naming the flag, what is wrong and the fix.
+    """
+    problem = study_name_problem(study, tracking=uri is not None)
+    if problem:
+        raise ConfigError(f"--study {problem}")
+    check_sqlite_intact(storage, "--storage")
+    if uri:
+        check_sqlite_intact(uri, "--tracking-uri")
+
+
 def tracking_uri(args: argparse.Namespace) -> str | None:
     """``--tracking-uri``, else launch's default (``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``
     if that file exists); None with ``--no-tracking`` or no store to read."""
     if getattr(args, "no_tracking", False):
         return None
-    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING
+    uri = args.tracking_uri or env_tracking_uri() or DEFAULT_TRACKING
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return None
     return uri
@@ -146,6 +169,31 @@ def margin_line(trial: int, margin: Margin) -> str:
         line += (f"; LR sensitivity (Wortsman et al.) over lr x {factors}: {sensitivity:.3g}"
                  f" (loss at init {margin.init_val_loss:.3g})")
     return line
+
+
+def mend_runs(uri: str, study: Any, say: Any) -> None:
+    """Close the MLflow runs that stopped launches left RUNNING and log the trials the study holds and
+    MLflow lacks (tuner.driver.orphans: a killed launch, a tracking store that failed); say what was
+    done, or in one line why it could not be."""
+    from tuner.driver import orphans
+    from tuner.driver.liveness import live_drivers
+    from tuner.driver.mlflow_sender import first_line
+
+    try:
+        client = mlflow_runs.client(uri)
+        found = client.get_experiment_by_name(study.study_name)
+        if found is None:
+            return
+        live = live_drivers(study)
+        closed = orphans.close_orphans(client, found.experiment_id, study, live)
+        logged = orphans.log_missing(client, found.experiment_id, study, live)
+    except Exception as exc:  # the table and the plots come from the study alone: go on without
+        say(f"MLflow at {redact(uri)}: stopped launches' runs not mended ({first_line(exc)})", highlight=False,
+            markup=False)
+        return
+    if closed or logged:
+        say(f"MLflow: closed {closed} run(s) that stopped launches left RUNNING; logged {logged} trial(s) it lacked",
+            highlight=False, markup=False)
 
 
 def attach_plots(uri: str, experiment: str, paths: Sequence[Path]) -> None:

@@ -39,7 +39,7 @@ from typing import Protocol
 
 import optuna
 
-from tuner.driver import ctrl_c
+from tuner.driver import signals
 from tuner.driver.evidence import SeedStream
 from tuner.driver.intermediate import Reports
 from tuner.driver.liveness import DUPLICATE_OF, Liveness
@@ -221,7 +221,7 @@ class Search:
                 time.sleep(0.5)  # only other drivers' trials are left: wait for them to end or go stale
             for record in self.executor.poll(timeout=0.5):
                 self._on_record(record)
-            ctrl_c.raise_if_dropped()
+            signals.raise_if_dropped()
             self._reports.flush_due()
 
     def _study_open(self) -> tuple[int, int]:

@@ -71,3 +71,67 @@ def add_compute(study: Any, compute: Mapping[str, Mapping[str, float]]) -> dict[
             into[key] = into.get(key, 0) + value
     study.set_user_attr(COMPUTE, total)
     return total
+
+
+OWNER = "tuner.owner"  # study user attr: the model, space and --steps the study was created for
+
+
+def model_id(spec: str) -> str:
+    """What names a model across machines and folders: a built-in's or module's spec as given, a
+    file's name without its folder (``models/mine.py:Mine`` -> ``mine.py:Mine``)."""
+    where, sep, name = spec.rpartition(":")
+    return f"{where.replace(chr(92), '/').rpartition('/')[2]}{sep}{name}" if where.endswith(".py") else spec
+
+
+def space_signature(space: Any) -> dict[str, str]:
+    """Knob name -> how it is searched (range, choices or fixed value), comparable across launches."""
+    out = {}
+    for name, p in space.params.items():
+        if p.fixed:
+            out[name] = f"fixed {p.value!r}"
+        elif p.choices:
+            out[name] = f"choices {list(p.choices)!r}"
+        else:
+            out[name] = f"{'log ' if p.log else ''}range [{p.low!r}, {p.high!r}]{' or null' if p.nullable else ''}"
+    return out
+
+
+def owner(study: Any) -> dict[str, Any] | None:
+    """The recorded owner (``{"model", "space", "steps"}``; ``steps`` lists every budget the study was
+    searched at, the first first), or None for a study created before owners were recorded."""
+    doc = study.user_attrs.get(OWNER)
+    return doc if isinstance(doc, dict) else None
+
+
+def mismatch(recorded: dict[str, Any], model: str, space: dict[str, str], steps: int,
+             steps_change: bool) -> str | None:
+    """What differs between the study's owner and this launch, in words; None if it may continue it."""
+    if recorded.get("model") != model_id(model):
+        return f"was created for model {recorded.get('model')!r}, and this launch's --model is {model_id(model)!r}"
+    held = recorded.get("space") or {}
+    changed = sorted(k for k in set(held) | set(space) if held.get(k) != space.get(k))
+    if changed:
+        first = changed[0]
+        return (f"was searched in another space: {len(changed)} knob(s) differ ({', '.join(changed[:5])}"
+                f"{', ...' if len(changed) > 5 else ''}; {first}: {held.get(first, 'absent')} in the study, "
+                f"{space.get(first, 'absent')} now)")
+    budgets = recorded.get("steps") or []
+    if budgets and steps != budgets[-1] and not steps_change:
+        return (f"was searched at --steps {budgets[-1]}, and this launch asks --steps {steps} (pass --steps "
+                f"{budgets[-1]} to continue it, or --allow-steps-change to continue it at {steps}: "
+                "best_config.yaml then records both budgets)")
+    return None
+
+
+def claim(study: Any, model: str, space: dict[str, str], steps: int) -> dict[str, Any]:
+    """Record this launch as the study's owner (a new study, or one created before owners were
+    recorded), or add ``steps`` to its budgets (a change that :func:`mismatch` allowed)."""
+    recorded = owner(study)
+    if recorded is None:
+        recorded = {"model": model_id(model), "space": space, "steps": [steps]}
+    elif steps not in recorded.get("steps", []):
+        recorded = {**recorded, "steps": [*recorded.get("steps", []), steps]}
+    else:
+        return recorded
+    study.set_user_attr(OWNER, recorded)
+    return recorded

@@ -7,7 +7,10 @@ already made. Here each target is checked without creating anything, and a probl
 - a database URL (``--storage``, a database ``--tracking-uri``): SQLAlchemy knows the scheme, its
   driver is installed, and then either the SQLite file's folder is writable (an existing file must
   be a SQLite database) or the server accepts a connection with these credentials (5 s timeout);
-- an HTTP ``--tracking-uri``: the MLflow server answers its experiments API with these credentials;
+- an HTTP ``--tracking-uri``: the MLflow server answers its experiments API with the credentials
+  MLflow's client would send (the URL's, else ``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD`` or
+  ``~/.mlflow/credentials``, else ``MLFLOW_TRACKING_TOKEN``); a database URL without a password
+  connects as libpq would, with ``PGPASSWORD`` or ``~/.pgpass``;
 - ``--out``: its folder exists and is writable (the plots go beside it);
 - ``--space``: the file exists, is readable and is UTF-8 YAML (its content is checked by
   ``tuner.spaces``).
@@ -16,13 +19,15 @@ already made. Here each target is checked without creating anything, and a probl
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import sqlite3
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from tuner.config import LaunchConfig, read_yaml, redact
+from tuner.config import LaunchConfig, read_yaml, redact, tracking_credentials
 from tuner.errors import ConfigError
 from tuner.masking import mask
 
@@ -91,7 +96,7 @@ def check_database(url: str, flag: str) -> None:
     if parsed.get_backend_name() == "sqlite":
         _check_sqlite(parsed.database, flag, shown)
     else:
-        _check_server(url, parsed.get_backend_name(), flag, shown)
+        _check_server(url, parsed.get_backend_name(), flag, shown, has_password=parsed.password is not None)
 
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -117,10 +122,56 @@ def _check_sqlite(database: str | None, flag: str, shown: str) -> None:
         if header and header != _SQLITE_HEADER:
             raise ConfigError(f"{flag} {shown}: {path} is not a SQLite database (it does not start with "
                               "SQLite's header); point it at a database file or a new path")
+        check_intact(path, flag, shown)
 
 
-def _check_server(url: str, backend: str, flag: str, shown: str) -> None:
-    """The database server accepts a connection (creates nothing: the database must exist)."""
+def check_sqlite_intact(url: str, flag: str) -> None:
+    """If ``url`` names an existing SQLite file, it passes :func:`check_intact` (for ``tuner report``,
+    which reads a store and may not write beside it)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return  # not a database URL: the store's own open says what is wrong
+    database = parsed.database
+    if parsed.get_backend_name() == "sqlite" and database and Path(database).is_file():
+        check_intact(Path(database), flag, redact(url))
+
+
+def check_intact(path: Path, flag: str, shown: str) -> None:
+    """SQLite's ``PRAGMA quick_check`` on an existing database file, opened read-only (``mode=ro``:
+    it cannot create or change anything): a truncated or corrupt file is refused before any store
+    or cluster is made, instead of two tracebacks ("database disk image is malformed") after.
+
+    A file with a hot journal is not checked: a writer killed mid-transaction left it, the next
+    writer rolls it back, and a read-only connection cannot (d61cdee). A file that cannot be read
+    now (locked by a live launch) is left to the launch's own open.
+
+    Raises:
+        ConfigError: the file is damaged: the flag, SQLite's first complaint and the fix.
+    """
+    journal = path.with_name(path.name + "-journal")
+    if journal.is_file() and journal.stat().st_size > 0:
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                                                timeout=TIMEOUT)) as db:
+            problems = [str(row[0]) for row in db.execute("PRAGMA quick_check(1)")]
+    except sqlite3.OperationalError:  # busy, locked, or a journal to roll back: not a verdict
+        return
+    except sqlite3.DatabaseError as exc:  # "database disk image is malformed", "file is not a database"
+        problems = [str(exc)]
+    if problems != ["ok"]:
+        said = " ".join(problems[0].split())
+        raise ConfigError(f"{flag} {shown}: {path} is damaged (SQLite's quick_check: {said}); restore it from a "
+                          f"backup, or point {flag} at a new file (`sqlite3 {path} .recover` may salvage what is left)")
+
+
+def _check_server(url: str, backend: str, flag: str, shown: str, has_password: bool = True) -> None:
+    """The database server accepts a connection (creates nothing: the database must exist); a URL
+    without a password connects with the driver's own (libpq: ``PGPASSWORD``, ``~/.pgpass``)."""
     import sqlalchemy
     from sqlalchemy.pool import NullPool
 
@@ -132,8 +183,9 @@ def _check_server(url: str, backend: str, flag: str, shown: str) -> None:
             pass
         engine.dispose()
     except Exception as exc:  # OperationalError (host, password, database), or a driver's own error
+        password = "password" if has_password else "password (PGPASSWORD, or ~/.pgpass with mode 0600)"
         raise ConfigError(f"{flag} {shown}: cannot connect: {_first_line(exc)}; check the host, port, user, "
-                          "password and that the database exists") from exc
+                          f"{password} and that the database exists") from exc
 
 
 def check_tracking(uri: str) -> None:
@@ -160,9 +212,9 @@ def _check_http(uri: str) -> None:
         netloc += f":{parts.port}"
     base = urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
     request = urllib.request.Request(f"{base}/api/2.0/mlflow/experiments/search?max_results=1")
-    if parts.username is not None:
-        token = base64.b64encode(f"{parts.username}:{parts.password or ''}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
+    authorization = _authorization(parts.username, parts.password)
+    if authorization:
+        request.add_header("Authorization", authorization)
     shown = redact(uri)
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT):
@@ -178,6 +230,20 @@ def _check_http(uri: str) -> None:
         raise ConfigError(f"--tracking-uri: cannot reach the MLflow tracking store at {shown} ({mask(str(reason))}); "
                           "start it (mlflow server --host 127.0.0.1 --port 5000), fix --tracking-uri / "
                           "MLFLOW_TRACKING_URI, or pass --no-tracking") from exc
+
+
+def _authorization(username: str | None, password: str | None) -> str | None:
+    """The header MLflow's client would send: the URL's ``user:password@``, else MLflow's own
+    credentials (``MLFLOW_TRACKING_USERNAME`` / ``_PASSWORD``, ``~/.mlflow/credentials``), else
+    ``MLFLOW_TRACKING_TOKEN`` as a bearer token (None: no credentials)."""
+    env_user, env_password, token = tracking_credentials()
+    if username is not None:  # in the URL: percent-encoded
+        username, password = unquote(username), unquote(password or "")
+    elif env_user and env_password:
+        username, password = env_user, env_password
+    else:
+        return f"Bearer {token}" if token else None
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
 
 
 def _first_line(exc: BaseException) -> str:

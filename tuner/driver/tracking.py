@@ -33,7 +33,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from tuner.driver import mlflow_runs, mlflow_ui
+from tuner.driver import mlflow_runs, mlflow_ui, orphans
 from tuner.driver.mlflow_sender import TELEMETRY_FILE, Sender, Target, first_line
 from tuner.errors import TrackingError
 from tuner.records import Forensics, NonFiniteKind, Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 _RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "FINISHED", TrialState.STOPPED: "FINISHED",
                TrialState.FAIL: "FAILED"}
 DIVERGENCE_FILE = "divergence.json"
-DRIVER_TAG = "tuner.driver"  # the id of the launch that created a run (tuner.driver.liveness)
+DRIVER_TAG = orphans.DRIVER_TAG  # the id of the launch that created a run (tuner.driver.liveness)
 __all__ = ["DIVERGENCE_FILE", "DRIVER_TAG", "TELEMETRY_FILE", "Tracker", "artifact_location", "connect"]
 
 
@@ -274,67 +274,16 @@ class Tracker:
         self._sender.close(end, wait)
 
     def close_orphans(self, study: Any, live: Collection[str] = ()) -> int:
-        """Close the runs dead drivers left RUNNING, each with the status of its Optuna trial.
-
-        A run of a live driver (its ``tuner.driver`` tag in ``live``) or of a trial still RUNNING
-        is left alone; a run without the tag is a dead driver's (a tuner before heartbeats).
+        """Close the runs dead drivers left RUNNING and log the trials they could not log
+        (tuner.driver.orphans); a live driver's runs (``live``) are left alone.
 
         Returns:
-            How many runs were closed.
+            How many runs were closed or logged.
         """
         with self._sender.lock:
-            return self._close_orphans(study, set(live))
-
-    def _close_orphans(self, study: Any, live: set[str]) -> int:
-        import optuna
-
-        from tuner.driver.trialrecord import read
-
-        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
-        states = {n: t.state for n, t in trials.items()}
-        runs = self.client.search_runs(
-            [self.experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=5000
-        )
-        closed = 0
-        for run in runs:
-            if run.info.run_id == self.parent_id or run.data.tags.get(DRIVER_TAG) in live:
-                continue
-            number = run.data.tags.get("trial")
-            state = states.get(int(number)) if number is not None else None
-            if state == optuna.trial.TrialState.RUNNING:
-                continue  # its driver may be alive and late: it is closed once the trial is failed as stale
-            if state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
-                default = "survived" if state == optuna.trial.TrialState.COMPLETE else "diverged"
-                record = read(trials[int(number)])
-                tag = record.state.value if record is not None else default
-                self.client.set_tag(run.info.run_id, "status", tag)
-                self.client.set_terminated(run.info.run_id, "FINISHED")
-            else:
-                if number is not None:
-                    self.client.set_tag(run.info.run_id, "status", "failed")
-                    self.client.set_tag(run.info.run_id, "reason", "the launch driving it stopped")
-                self.client.set_terminated(run.info.run_id, "KILLED")
-            closed += 1
-        closed += self._log_unlogged_reruns(study)
-        return closed
-
-    def _log_unlogged_reruns(self, study: Any) -> int:
-        """A closed run for each interrupted trial whose run the dead driver had not yet created."""
-        trials = study.get_trials(deepcopy=False)
-        interrupted = {t.user_attrs["rerun_of"] for t in trials if "rerun_of" in t.user_attrs}
-        if not interrupted:
-            return 0
-        logged = {r.data.tags.get("trial") for r in self.client.search_runs([self.experiment_id], max_results=5000)}
-        made = 0
-        for trial in trials:
-            if trial.number not in interrupted or str(trial.number) in logged:
-                continue
-            reason = "the launch driving it stopped before it logged the trial"
-            run_id = self._new_child(trial.number, status="failed", reason=reason)
-            self._log_params(run_id, {**trial.params, "trial": trial.number})
-            self.client.set_terminated(run_id, "KILLED")
-            made += 1
-        return made
+            live = set(live) | ({self._driver[DRIVER_TAG]} if self._driver else set())
+            return (orphans.close_orphans(self.client, self.experiment_id, study, live, keep=self.parent_id)
+                    + orphans.log_missing(self.client, self.experiment_id, study, live, parent=self.parent_id))
 
     def _create_child(self, number: int, params: Mapping[str, Any]) -> None:
         """Create the trial's child run and log its params; safe to retry after a failure.

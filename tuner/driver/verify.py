@@ -12,12 +12,15 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tuner.driver import ctrl_c
+from tuner.driver import signals
 from tuner.driver.evidence import MARGIN_FACTORS, Choice, Margin, SeedStream, Verification, bar_reachable, choose
 from tuner.driver.search import Callback, Compute, Executor, judge
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome
+
+if TYPE_CHECKING:
+    from tuner.config import VerifyOptions
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Runner:
         finals: dict[int, RunRecord] = {}
         cancelled = False
         while len(finals) < len(seeds):
-            ctrl_c.raise_if_dropped()
+            signals.raise_if_dropped()
             for record in self.executor.poll(timeout=0.5):
                 if record.trial != number or record.phase is not phase or record.seed not in seeds:
                     continue
@@ -197,29 +200,30 @@ def run_verify(args: Any) -> int:
     """``tuner verify CONFIG.yaml``: retrain the file's config on fresh seeds; 0 if it meets the bar, else 3."""
     from rich.console import Console
 
-    from tuner.config import prepare_environment
+    from tuner.config import VerifyOptions, load_options, prepare_environment
     from tuner.driver.evidence import fresh_seeds
     from tuner.driver.executor import ClusterConfig, RayExecutor
     from tuner.driver.progress import ProgressView
     from tuner.models import load_model, runtime_env
 
     console = Console(highlight=False)
-    doc = read_config_file(args.config)
-    model_name = args.model or (doc.get("study") or {}).get("model") or "iterated_mlp"
-    steps = verify_steps(args, doc)
-    _check_bar(args.min_survival, args.seeds)
+    options = load_options(VerifyOptions, vars(args))  # every count in range, before anything is read
+    _check_bar(options.min_survival, options.seeds)
+    doc = read_config_file(options.config)
+    model_name = model_to_verify(options, doc, say=lambda line: console.print(line, markup=False))
+    steps = verify_steps(options, doc)
     prepare_environment()
-    config = validated_config(doc, model_name, load_model(model_name).knobs, args.config)
-    seeds = fresh_seeds(args.seeds, exclude=_seeds_in(doc), seed=args.seed)
-    console.print(f"verifying {args.config} ({model_name}) on {len(seeds)} fresh seeds x {steps} steps")
+    config = validated_config(doc, model_name, load_model(model_name).knobs, options.config)
+    seeds = fresh_seeds(options.seeds, exclude=_seeds_in(doc), seed=options.seed)
+    console.print(f"verifying {options.config} ({model_name}) on {len(seeds)} fresh seeds x {steps} steps")
     executor = RayExecutor(ClusterConfig(
-        address=args.address, cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
-        num_cpus=args.num_cpus, runtime_env=runtime_env(model_name),
+        address=options.address, cpus_per_trial=options.cpus_per_trial, gpus_per_trial=options.gpus_per_trial,
+        num_cpus=options.num_cpus, runtime_env=runtime_env(model_name),
     ))
     try:
         with ProgressView(1, live=False, console=console) as view:
             runner = Runner(executor, model_name, [view])
-            result = verify(runner, 0, config, seeds, steps, args.min_survival, args.fail_fast)
+            result = verify(runner, 0, config, seeds, steps, options.min_survival, options.fail_fast)
     finally:
         executor.close()
     for seed, step in result.divergences:
@@ -228,7 +232,7 @@ def run_verify(args: Any) -> int:
     if result.val_loss is not None and result.init_val_loss is not None:
         console.print(f"validation loss {result.val_loss:.4g} (mean over the seeds that survived; "
                       f"{result.init_val_loss:.4g} at initialisation)")
-    return _verdict(console, result, args.min_survival)
+    return _verdict(console, result, options.min_survival)
 
 
 def _verdict(console: Any, result: Verification, bar: float) -> int:
@@ -245,13 +249,10 @@ def _verdict(console: Any, result: Verification, bar: float) -> int:
 
 
 def _check_bar(min_survival: float, seeds: int) -> None:
+    """``--seeds`` can reach ``--min-survival`` (both already in range: ``tuner.config.VerifyOptions``)."""
     from tuner.driver.evidence import wilson_lower
     from tuner.errors import ConfigError
 
-    if not 0.0 <= min_survival <= 1.0:
-        raise ConfigError(f"--min-survival {min_survival:g}: expected a rate between 0 and 1")
-    if seeds < 1:
-        raise ConfigError(f"--seeds {seeds}: expected at least 1")
     if wilson_lower(seeds, seeds) < min_survival:
         raise ConfigError(
             f"--seeds {seeds} cannot reach --min-survival {min_survival:g}: even {seeds}/{seeds} has a 95% lower "
@@ -275,17 +276,50 @@ def read_config_file(path: str) -> dict[str, Any]:
     return doc
 
 
-def verify_steps(args: Any, doc: dict[str, Any]) -> int:
-    """``--steps``, else twice the file's ``stability.steps``."""
+def model_to_verify(options: VerifyOptions, doc: dict[str, Any], say: Callable[[str], None] = print) -> str:
+    """The model to retrain with: ``--model``; else the file's ``study.model`` when it is a built-in
+    name, or, with ``--trust-file-model``, whatever it names; else ``iterated_mlp``.
+
+    The file is data that may come from anyone: it never chooses by itself which code is imported.
+
+    Raises:
+        ConfigError: the file names a ``.py`` file or a module and neither flag was given (one line
+            naming what would be imported and both ways on).
+    """
+    from tuner.errors import ConfigError
+    from tuner.models import BUILTIN, model_file
+
+    if options.model:
+        return options.model
+    study = doc.get("study")
+    named = study.get("model") if isinstance(study, dict) else None
+    if named is None:
+        return "iterated_mlp"
+    if not isinstance(named, str):
+        raise ConfigError(f"{options.config}: study.model must be a model name; give --model NAME")
+    if named in BUILTIN or ":" not in named:  # a name only: imports nothing (an unknown one is refused)
+        return named
+    file = model_file(named)
+    code = f"the file {file}" if file else f"module {named.rpartition(':')[0]!r}"
+    if not options.trust_file_model:
+        raise ConfigError(f"{options.config}: its study.model {named!r} would import {code}; a config file does "
+                          f"not choose the code tuner runs: name the model yourself (--model {named}) or pass "
+                          "--trust-file-model")
+    say(f"importing {code}, as {options.config}'s study.model says (--trust-file-model)")
+    return named
+
+
+def verify_steps(options: VerifyOptions, doc: dict[str, Any]) -> int:
+    """``--steps`` (already in range), else twice the file's ``stability.steps``."""
+    from tuner.config import MAX_STEPS
     from tuner.errors import ConfigError
 
-    if args.steps is not None:
-        if args.steps < 1:
-            raise ConfigError(f"--steps {args.steps}: expected at least 1")
-        return int(args.steps)
-    steps = (doc.get("stability") or {}).get("steps")
-    if not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"{args.config}: no stability.steps to double; give --steps N")
+    if options.steps is not None:
+        return options.steps
+    stability = doc.get("stability")
+    steps = stability.get("steps") if isinstance(stability, dict) else None
+    if not isinstance(steps, int) or not 1 <= 2 * steps <= MAX_STEPS:
+        raise ConfigError(f"{options.config}: no stability.steps to double; give --steps N")
     return 2 * steps
 
 
@@ -299,6 +333,9 @@ def validated_config(doc: dict[str, Any], model: str, knobs: Any, where: str) ->
 
 def _seeds_in(doc: dict[str, Any]) -> list[int]:
     """Every seed the file says its config was trained on (never reused as a fresh seed)."""
-    stability = doc.get("stability") or {}
-    verified = stability.get("verified") or {}
-    return [int(s) for s in [*stability.get("seeds", []), *verified.get("seeds", [])] if isinstance(s, int)]
+    stability = doc.get("stability")
+    stability = stability if isinstance(stability, dict) else {}
+    verified = stability.get("verified")
+    verified = verified if isinstance(verified, dict) else {}
+    listed = [found for found in (stability.get("seeds"), verified.get("seeds")) if isinstance(found, list)]
+    return [int(s) for seeds in listed for s in seeds if isinstance(s, int)]

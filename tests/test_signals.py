@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # In a fresh interpreter with SIGINT as a terminal gives it (see terminal_sigint), and nothing of pytest's.
 SCRIPT = textwrap.dedent("""
     import os, signal
-    from tuner.driver import ctrl_c
+    from tuner.driver import signals
 
     class Dropper:
         def __del__(self):
@@ -23,8 +23,8 @@ SCRIPT = textwrap.dedent("""
             for _ in range(100_000):  # the handler runs between these bytecodes: its KeyboardInterrupt is dropped
                 pass
 
-    restore = ctrl_c.noted()
-    ctrl_c.raise_if_dropped()  # nothing came: nothing raised
+    restore = signals.noted()
+    signals.raise_if_dropped()  # nothing came: nothing raised
     dropped = True
     dropper = Dropper()
     try:
@@ -32,10 +32,10 @@ SCRIPT = textwrap.dedent("""
     except KeyboardInterrupt:  # not dropped: Python raised it here after all
         dropped = False
     try:
-        ctrl_c.raise_if_dropped()
+        signals.raise_if_dropped()
     except KeyboardInterrupt:
         print("raised at the poll")
-    ctrl_c.raise_if_dropped()  # raised once
+    signals.raise_if_dropped()  # raised once
     print("dropped" if dropped else "not dropped")
     restore()
     print("restored" if signal.getsignal(signal.SIGINT) is signal.default_int_handler else "not restored")
@@ -48,3 +48,29 @@ def test_a_dropped_ctrl_c_is_raised_at_the_next_poll_and_the_handler_is_restored
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr  # the dropped one is not printed either
     assert done.stdout.split() == ["raised", "at", "the", "poll", "dropped", "restored"]
+
+
+SECOND = textwrap.dedent("""
+    import os, signal, time
+    from tuner.driver import signals
+
+    signals.noted()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    except signals.Stopped as exc:
+        print("stopped", exc.name, exc.exit_code, flush=True)
+        with signals.cleaning():
+            os.kill(os.getpid(), signal.SIGHUP)  # a second signal while the launch cleans up
+            time.sleep(5)
+            print("cleanup ran on", flush=True)
+""")
+
+
+def test_a_stop_signal_raises_stopped_and_a_second_during_the_cleanup_ends_at_once() -> None:
+    done = subprocess.run([sys.executable, "-c", SECOND], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert done.stdout.split() == ["stopped", "SIGTERM", "143"], done.stderr[-2000:]
+    assert done.returncode == 129  # 128 + SIGHUP, at once
+    assert done.stderr.startswith("tuner: SIGHUP during the cleanup: stopped at once;"), done.stderr
+    assert "Traceback" not in done.stderr
