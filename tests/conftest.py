@@ -51,14 +51,14 @@ def ray_cluster() -> Iterator[None]:
     from tuner.config import prepare_environment
 
     prepare_environment()
+    from tuner.driver import embedded
     from tuner.driver.executor import _ensure_token
 
     _ensure_token()
-    import ray
-
-    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    # as a launch starts its cluster: on the loopback, in a private folder, ended with this process
+    cluster = embedded.start(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
     yield
-    ray.shutdown()
+    cluster.close()
 
 
 @pytest.fixture

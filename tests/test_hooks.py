@@ -106,3 +106,26 @@ def test_graphs_build_every_run_afresh_when_op_attrs_cannot_be_set(
     with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
         assert [graphs.get(model, config, seed)[1] for seed in (0, 1)] == [False, False]
     assert "cannot be reseeded" in caplog.text
+
+
+def test_loopback_node_keeps_the_loopback_address_only_inside_its_block() -> None:
+    """Ray turns 127.0.0.1 into the machine's external address; inside the block it stays 127.0.0.1
+    (what makes an embedded cluster listen on the loopback: tests/test_ports.py checks the sockets)."""
+    import ray._private.services as services
+
+    resolve = services.resolve_ip_for_localhost
+    with hooks.loopback_node():
+        assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
+        assert services.resolve_ip_for_localhost("10.1.2.3") == "10.1.2.3"
+    assert services.resolve_ip_for_localhost is resolve
+
+
+def test_loopback_node_does_nothing_but_say_so_when_ray_lacks_the_function(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import ray._private.services as services
+
+    monkeypatch.delattr(services, "resolve_ip_for_localhost")  # as if a Ray release renamed it
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"), hooks.loopback_node():
+        assert not hasattr(services, "resolve_ip_for_localhost")
+    assert "listens on all interfaces" in caplog.text

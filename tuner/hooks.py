@@ -21,6 +21,12 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
 - :func:`stop_ray_monitor`: Ray's ``ray._private.worker._global_node`` and its processes, to kill
   the embedded cluster's autoscaler monitor before ``ray.shutdown``. Without it the shutdown
   takes a second longer.
+- :func:`loopback_node`: Ray's ``ray._private.services.resolve_ip_for_localhost``, which
+  ``ray.init`` applies to ``_node_ip_address`` and which turns 127.0.0.1 into the machine's
+  external address. Kept from doing so while an embedded cluster starts, the node's address is
+  127.0.0.1, and Ray's servers, agents and metrics endpoints then listen on the loopback only
+  (each checks ``node_ip_address == 127.0.0.1``). Without it the embedded cluster listens on all
+  interfaces, as Ray's default does (``tests/test_ports.py`` fails).
 
 Imports neither TensorFlow nor Ray at module level: the driver imports this module (the Ray hook)
 and must not pay for TensorFlow; each hook imports what it uses.
@@ -28,8 +34,9 @@ and must not pay for TensorFlow; each hook imports what it uses.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -163,6 +170,38 @@ def stop_ray_monitor() -> None:
             info.process.wait(timeout=5)
     except Exception as exc:  # the shutdown goes on without it
         log.debug("could not stop the autoscaler monitor first: %s", exc)
+
+
+@contextlib.contextmanager
+def loopback_node() -> Iterator[None]:
+    """While in this block, ``ray.init(_node_ip_address="127.0.0.1")`` keeps 127.0.0.1 as the node's address.
+
+    ``ray.init`` passes ``_node_ip_address`` through ``services.resolve_ip_for_localhost``, which
+    replaces a loopback address with the machine's external one (a node must be reachable from
+    others); an embedded cluster has no other node, and on the loopback address Ray binds its
+    GCS, raylet, workers, agents and metrics endpoints to 127.0.0.1. Fails open: if Ray has no
+    such function, nothing is changed (said at debug level) and the cluster listens as Ray's
+    default does.
+    """
+    import ray._private.services as services
+
+    resolve = getattr(services, "resolve_ip_for_localhost", None)
+    if not callable(resolve):
+        log.debug("ray has no services.resolve_ip_for_localhost: the embedded cluster listens on all interfaces")
+        yield
+        return
+    setattr(services, "resolve_ip_for_localhost", _keep_loopback(resolve))  # noqa: B010 (typed as Ray's function)
+    try:
+        yield
+    finally:
+        setattr(services, "resolve_ip_for_localhost", resolve)  # noqa: B010
+
+
+def _keep_loopback(resolve: Callable[[str], str]) -> Callable[[str], str]:
+    def keep(host: str) -> str:
+        return host if host in ("127.0.0.1", "::1", "localhost") else resolve(host)
+
+    return keep
 
 
 def save_trial_note(study: Any, number: int, body: str, version: int) -> bool:

@@ -25,6 +25,7 @@ prepare_environment()  # before Ray is imported: it reads RAY_AUTH_MODE at impor
 import ray  # noqa: E402
 from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError, WorkerCrashedError  # noqa: E402
 
+from tuner.driver import embedded  # noqa: E402
 from tuner.errors import ClusterError  # noqa: E402
 from tuner.hooks import stop_ray_monitor as _stop_monitor  # noqa: E402  (a private-API hook)
 from tuner.records import RunRecord, RunSpec, RunStatus  # noqa: E402
@@ -67,7 +68,7 @@ class RayExecutor:
 
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
-        self._owns_ray = _connect(config)
+        self._embedded = _connect(config)  # None: joined a cluster that someone else owns
         self.slots = _slots(config)
         self._actor_class: Any = ray.remote(TrialWorker).options(
             num_cpus=config.cpus_per_trial, num_gpus=config.gpus_per_trial,
@@ -124,11 +125,13 @@ class RayExecutor:
 
     def close(self) -> None:
         """Stop the workers, and the embedded cluster if this executor started it."""
-        for actor in [*self._idle, *self._starting.values(), *(a for _, a in self._running.values())]:
-            ray.kill(actor)
-        if self._owns_ray:
-            _stop_monitor()
-            ray.shutdown()
+        try:
+            for actor in [*self._idle, *self._starting.values(), *(a for _, a in self._running.values())]:
+                ray.kill(actor)
+        finally:  # a lost cluster may refuse the kills: its processes and folder still go
+            if self._embedded is not None:
+                _stop_monitor()
+                self._embedded.close()
 
     def _start_actor(self) -> None:
         actor = self._actor_class.remote(self.config.graph_reuse)
@@ -228,10 +231,11 @@ def _ended(spec: RunSpec, status: RunStatus, reason: str, last: RunRecord | None
                      steps_survived=step, last_finite_loss=loss, error=reason, phase=spec.phase)
 
 
-def _connect(config: ClusterConfig) -> bool:
-    """Join the cluster at ``config.address``, or start an embedded one; True if we started it."""
+def _connect(config: ClusterConfig) -> embedded.Embedded | None:
+    """Join the cluster at ``config.address``, or start an embedded one (``tuner.driver.embedded``,
+    returned: its owner closes it)."""
     if ray.is_initialized():
-        return False
+        return None
     common: dict[str, Any] = {
         "include_dashboard": False, "log_to_driver": False,
         "logging_level": logging.WARNING, "runtime_env": config.runtime_env or None,
@@ -239,8 +243,7 @@ def _connect(config: ClusterConfig) -> bool:
     if config.address is None:
         _ensure_token()
         # "local": always a new cluster, never one that `ray start` left on this machine
-        ray.init(address="local", num_cpus=config.num_cpus, num_gpus=config.num_gpus, **common)
-        return True
+        return embedded.start(config.num_cpus, config.num_gpus, **common)
     _check_reachable(config.address)
     try:
         ray.init(address=config.address, **common)
@@ -250,7 +253,7 @@ def _connect(config: ClusterConfig) -> bool:
             "(ray status on the head node prints it), and that RAY_AUTH_MODE=token is set "
             "with the cluster's token in ~/.ray/auth_token"
         ) from exc
-    return False
+    return None
 
 
 def _ensure_token() -> None:
