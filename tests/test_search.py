@@ -283,8 +283,9 @@ def test_search_race_seed_divergence_prunes_the_trial_and_tpe_is_told() -> None:
     assert outcome.divergence is not None and outcome.divergence.seed in bad and outcome.divergence.step == 150
     assert read(trial).divergence_step == 150
     assert search.compute.runs["race"] == 2  # it never got to the 4 seeds of the last level
-    step, value = max(trial.intermediate_values.items())  # after the search seeds' reports up to 200
-    assert step == 201 and math.isnan(value) and trial.value is None
+    step, value = max(trial.intermediate_values.items())  # the search seeds reported up to 200
+    assert step == 150 and math.isnan(value) and trial.value is None  # Optuna, record and tags: one step
+    assert sorted(trial.intermediate_values) == [*range(20, 150, 20), 150]
 
 
 def test_search_races_only_a_trial_that_could_become_the_best() -> None:
@@ -452,6 +453,27 @@ def test_first_seed_pruner_stops_a_first_seed_far_behind_at_the_same_step_and_a_
         stopped.reason
     diverged = read(search.study.trials[4])
     assert diverged.state is TrialState.PRUNED and diverged.divergence_step in (10, 11) and len(diverged.seeds) == 1
+
+
+def test_first_seed_pruner_a_later_seed_diverging_before_the_first_seeds_last_report_is_told_at_its_step() -> None:
+    """The first seed survives all 200 steps (reported every 20); the second diverges at 130: Optuna's
+    NaN is at 130, the step the record (and so MLflow's tags) give, and the trial has no value."""
+    from tuner.driver.search import FirstSeedPruner
+
+    executor = FakeExecutor(slots=1, at={spec_seeds(3)[1]: 130})
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0),
+                                pruner=FirstSeedPruner(min_step=40, max_step=100))
+    space = space_from({"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}}, "fake", KNOBS, "<test>")
+    for lr in [*THREE_FINISHED, 10**-2.5]:
+        study.enqueue_trial({"learning_rate": lr})
+    budget = Budget(4, steps=200, seeds=2, report_every=20, prune_from=40)
+    outcomes = {o.number: o for o in Search(study, space, "fake", executor, budget, stream=STREAM).run()}
+    assert outcomes[3].state is TrialState.PRUNED
+    trial = study.trials[3]
+    assert read(trial).divergence_step == 130 and read(trial).steps_survived == (200, 129)
+    step, value = max(trial.intermediate_values.items())
+    assert step == 130 and math.isnan(value) and trial.value is None
+    assert sorted(trial.intermediate_values) == [*range(20, 130, 20), 130]
 
 
 def test_behind_pruner_compares_finished_trials_at_the_same_step_from_its_first_step_to_its_last() -> None:
