@@ -17,8 +17,10 @@ import pytest
 
 
 @contextmanager
-def full_disk(folder: Path, files: Mapping[str, bytes] | None = None, size: str = "256k") -> Iterator[Path]:
-    """Mount a ``size`` tmpfs on ``folder``, write ``files`` into it, fill the rest; unmount after.
+def full_disk(folder: Path, files: Mapping[str, bytes] | None = None, size: str = "256k",
+              filled: bool = True) -> Iterator[Path]:
+    """Mount a ``size`` tmpfs on ``folder``, write ``files`` into it, fill the rest (unless not
+    ``filled``: the test fills it later with :func:`fill`); unmount after.
 
     Skips the test when this process may not mount (not root, no CAP_SYS_ADMIN).
     """
@@ -30,7 +32,8 @@ def full_disk(folder: Path, files: Mapping[str, bytes] | None = None, size: str 
     try:
         for name, data in (files or {}).items():
             (folder / name).write_bytes(data)
-        fill(folder / ".filler")
+        if filled:
+            fill(folder / ".filler")
         yield folder
     finally:
         if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:

@@ -122,3 +122,22 @@ def test_resumed_seed_differs_from_the_first_launch(held: int) -> None:
     from tuner.driver.launch import resumed_seed
 
     assert resumed_seed(0, held) != 0 and resumed_seed(0, held) == resumed_seed(0, held)
+
+
+def test_a_config_stopped_mid_run_is_queued_again_at_most_max_retries_times(tmp_path: Path) -> None:
+    """A config that hangs a launch, stopped each time (SIGTERM, a killed driver), is not rerun for ever."""
+    liveness = Liveness(grace=30, max_retries=1)
+    study = optuna.create_study(study_name="s", storage=liveness.storage(f"sqlite:///{tmp_path / 't.db'}"))
+    liveness.attach(study)
+    try:
+        first = study.ask(LR)
+        liveness.claim(first)
+        assert liveness.abandon("stopped by SIGTERM") == [first.number]
+        second = study.ask(LR)  # the rerun that was queued
+        assert second.user_attrs[RERUN_OF] == first.number and second.params == first.params
+        liveness.claim(second)
+        assert liveness.abandon("stopped by SIGTERM") == [second.number]
+        assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # started 2 = 1 + --max-retries 1
+        assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.FAIL] * 2
+    finally:
+        liveness.stop()

@@ -28,7 +28,7 @@ LAUNCH_FLAGS = (
     "max_concurrent", "max_retries", "num_cpus", "num_gpus", "sampler", "seed", "out",
     "allow_bad_data", "live", "race_seeds", "verify_seeds", "verify_steps", "min_survival",
     "verify_candidates", "margin", "pruner", "graph_reuse",
-    "grace_period", "placement_timeout", "allow_steps_change",
+    "grace_period", "placement_timeout", "allow_steps_change", "run_timeout",
 )
 
 
@@ -92,6 +92,10 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--margin", action=argparse.BooleanOptionalAction, default=None,
                    help="measure the winner's learning-rate margin (x1.5, 2, 3, 5) on the verification seeds "
                         "(default: on)")
+    p.add_argument("--run-timeout", type=float,
+                   help="seconds a seed run may send no progress before its worker is killed and the run FAILED "
+                        "(a hung build or step; the trial FAILs and is not queued again) (default: 10x the "
+                        "longest such wait of this launch's runs, at least 120 s; 600 s before any run reported)")
     p.add_argument("--allow-steps-change", action="store_true", default=None,
                    help="continue a study that earlier launches searched at another --steps (refused without it: "
                         "their trials' losses are not comparable with this budget's); best_config.yaml records "

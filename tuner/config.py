@@ -76,6 +76,7 @@ class LaunchConfig(BaseModel):
     grace_period: int = Field(30, ge=2, le=86400)
     placement_timeout: float = Field(120.0, ge=1.0, le=86400.0)
     graph_reuse: bool = True
+    run_timeout: float | None = Field(None, gt=0, le=7 * 86400)
     allow_steps_change: bool = False  # continue a study searched at another --steps (best_config.yaml records both)
 
     @model_validator(mode="after")

@@ -27,6 +27,10 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
   127.0.0.1, and Ray's servers, agents and metrics endpoints then listen on the loopback only
   (each checks ``node_ip_address == 127.0.0.1``). Without it the embedded cluster listens on all
   interfaces, as Ray's default does (``tests/test_ports.py`` fails).
+- :func:`ray_processes_in_own_group`: Ray's ``ray._private.services.ConsolePopen``, to start an
+  embedded cluster's processes in a process group of their own, so that SIGTERM or SIGHUP to the
+  launch's process group reaches the driver alone, which cleans up. Without it the raylet dies
+  at once and the driver with it (exit 134); the next launch reruns the trials after its grace period.
 
 Imports neither TensorFlow nor Ray at module level: the driver imports this module (the Ray hook)
 and must not pay for TensorFlow; each hook imports what it uses.
@@ -230,3 +234,37 @@ def save_trial_note(study: Any, number: int, body: str, version: int) -> bool:
         storage.set_study_system_attr(study_id, key, chunk)
     storage.set_study_system_attr(study_id, note_ver_key(trial_id), version)
     return True
+
+
+def ray_processes_in_own_group() -> None:
+    """Start the processes of an embedded Ray cluster (GCS, raylet, and through it the workers and
+    agents) in a process group of their own, so that a signal sent to the launch's process group
+    (SIGTERM from ``kill -- -PGID``, SIGHUP from a closed terminal) reaches only the driver, which
+    cleans up and then stops them. Ray blocks SIGINT in them already (a terminal's Ctrl-C); for
+    SIGTERM and SIGHUP it does not, so the raylet died at once, the driver's core worker aborted
+    (exit 134) and the trials stayed RUNNING. They still die with the driver (Ray's fate sharing,
+    ``PR_SET_PDEATHSIG``, does not depend on the group).
+
+    Wraps Ray's private ``ray._private.services.ConsolePopen`` (through which
+    ``start_ray_process`` starts every process) to add ``process_group=0``. Fails open: without it
+    a signal to the whole process group stops the launch as before this hook (exit 134, trials
+    left to the next launch's grace period).
+    """
+    try:
+        from ray._private import services
+
+        popen = services.ConsolePopen
+    except (ImportError, AttributeError) as exc:
+        log.debug("Ray's processes stay in the launch's process group: %s", exc)
+        return
+    if getattr(popen, "_tuner_own_group", False):
+        return
+
+    class OwnGroupPopen(popen):  # type: ignore[misc, valid-type]
+        _tuner_own_group = True
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("process_group", 0)
+            super().__init__(*args, **kwargs)
+
+    setattr(services, "ConsolePopen", OwnGroupPopen)  # noqa: B010  (a module attribute Ray reads at call time)

@@ -26,7 +26,9 @@ import ray  # noqa: E402
 from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError, WorkerCrashedError  # noqa: E402
 
 from tuner.driver import embedded  # noqa: E402
+from tuner.driver.watchdog import Watchdog  # noqa: E402
 from tuner.errors import ClusterError  # noqa: E402
+from tuner.hooks import ray_processes_in_own_group as _own_group  # noqa: E402  (a private-API hook)
 from tuner.hooks import stop_ray_monitor as _stop_monitor  # noqa: E402  (a private-API hook)
 from tuner.records import RunRecord, RunSpec, RunStatus  # noqa: E402
 from tuner.worker.actor import GRAPHS_KEPT, TrialWorker  # noqa: E402
@@ -50,6 +52,8 @@ class ClusterConfig:
         runtime_env: Ray runtime env of the job (to ship a user's model code).
         graph_reuse: workers keep the graphs of their last model configs and reseed them for a
             run of the same config (tuner.worker.train.Graphs); False builds a fresh graph for every run.
+        run_timeout: seconds a run may send no record before its worker is killed and the run
+            FAILED (None: a deadline from the model's own pace, tuner.driver.watchdog).
     """
 
     address: str | None = None
@@ -61,6 +65,7 @@ class ClusterConfig:
     num_gpus: int | None = None
     runtime_env: dict[str, Any] = field(default_factory=dict)
     graph_reuse: bool = True
+    run_timeout: float | None = None
 
 
 class RayExecutor:
@@ -82,6 +87,7 @@ class RayExecutor:
         self._last: dict[Any, RunRecord] = {}  # generator -> its latest progress record
         self._out: list[RunRecord] = []  # records made here (cancelled, failed) for the next poll
         self.workers: dict[int, dict[str, Any]] = {}  # worker pid -> where it runs
+        self._watchdog = Watchdog(config.run_timeout)  # runs silent past their deadline are ended
         for _ in range(self.slots):
             self._start_actor()
 
@@ -119,6 +125,8 @@ class RayExecutor:
                 self._take(item)
         elif not waitables and not self._out:
             time.sleep(min(timeout, 0.05))
+        for gen, reason in self._watchdog.overdue():
+            self._time_out(gen, reason)
         self._dispatch()
         out, self._out = self._out, []
         return out
@@ -150,6 +158,7 @@ class RayExecutor:
             kept.append(key)
             gen = actor.run.options(num_returns="streaming").remote(spec)
             self._running[gen] = (spec, actor)
+            self._watchdog.started(gen)
 
     def _match(self) -> tuple[Any, RunSpec]:
         """An idle worker and a queued run whose graph it keeps; else the last idle one and the oldest run."""
@@ -196,26 +205,42 @@ class RayExecutor:
             self._release(gen)
         else:
             self._last[gen] = record
+            self._watchdog.heard(gen, record.step, diverged=record.status is RunStatus.DIVERGED)
 
     def _release(self, gen: Any) -> RunRecord | None:
         """Free the run's worker; return the run's latest progress record."""
+        self._watchdog.forget(gen)
         _, actor = self._running.pop(gen)
         self._idle.append(actor)
         return self._last.pop(gen, None)
 
     def _worker_lost(self, gen: Any, reason: str) -> None:
         """Replace the dead worker; retry its run, or fail it after ``max_retries`` retries."""
-        spec, actor = self._running.pop(gen)
-        last = self._last.pop(gen, None)
-        ray.kill(actor)
-        self._graphs.pop(actor, None)
-        self._start_actor()
+        spec, _, last = self._replace_worker(gen)
         if spec.attempt < self.config.max_retries:
             log.warning("trial %d seed %d: %s; retrying", spec.trial, spec.seed, reason)
             self._queue.appendleft(replace(spec, attempt=spec.attempt + 1))
         else:
             detail = f"{reason} ({spec.attempt + 1} attempts, max_retries={self.config.max_retries})"
             self._out.append(_ended(spec, RunStatus.FAILED, detail, last))
+
+
+    def _time_out(self, gen: Any, reason: str) -> None:
+        """End a run silent past its deadline (tuner.driver.watchdog): kill its worker, start another,
+        FAIL the run with ``reason``. Not retried: the same config would hang again."""
+        spec, _, last = self._replace_worker(gen)
+        log.warning("trial %d seed %d: %s: its worker was killed", spec.trial, spec.seed, reason)
+        self._out.append(_ended(spec, RunStatus.FAILED, reason, last))
+
+    def _replace_worker(self, gen: Any) -> tuple[RunSpec, Any, RunRecord | None]:
+        """Kill the worker of run ``gen`` and start another; the run's spec, worker and latest record."""
+        self._watchdog.forget(gen)
+        spec, actor = self._running.pop(gen)
+        last = self._last.pop(gen, None)
+        ray.kill(actor)
+        self._graphs.pop(actor, None)
+        self._start_actor()
+        return spec, actor, last
 
 
 def graph_key(spec: RunSpec) -> tuple[str, str]:
@@ -242,6 +267,7 @@ def _connect(config: ClusterConfig) -> embedded.Embedded | None:
     }
     if config.address is None:
         _ensure_token()
+        _own_group()  # a signal to the launch's process group reaches the driver alone (tuner.driver.signals)
         # "local": always a new cluster, never one that `ray start` left on this machine
         return embedded.start(config.num_cpus, config.num_gpus, **common)
     _check_reachable(config.address)

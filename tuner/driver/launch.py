@@ -64,7 +64,7 @@ def _launch(config: LaunchConfig) -> dict[str, Any]:
     from tuner.driver.verify import Runner, verify_study
 
     model, space = prepare(config)
-    liveness = Liveness(config.grace_period, say=_say)
+    liveness = Liveness(config.grace_period, say=_say, max_retries=config.max_retries)
     check_owner(config, space)  # a study continued with another model, space or --steps: refused
     skip, skipped = run_preflight(config, model, space)  # before anything is started or created
     done = finished_study(config)
@@ -283,7 +283,7 @@ def cluster_config(config: LaunchConfig) -> Any:
         address=config.address, cpus_per_trial=config.cpus_per_trial,
         gpus_per_trial=config.gpus_per_trial, max_concurrent=config.max_concurrent,
         max_retries=config.max_retries, num_cpus=config.num_cpus, num_gpus=config.num_gpus,
-        runtime_env=runtime_env(config.model), graph_reuse=config.graph_reuse,
+        runtime_env=runtime_env(config.model), graph_reuse=config.graph_reuse, run_timeout=config.run_timeout,
     )
 
 

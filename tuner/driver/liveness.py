@@ -58,8 +58,9 @@ def live_drivers(study: Any, grace: float = 30) -> set[str]:
 class Liveness:
     """One driver's heartbeats and its repair of the study (see the module docs)."""
 
-    def __init__(self, grace: int = 30, say: Callable[[str], None] = print) -> None:
+    def __init__(self, grace: int = 30, say: Callable[[str], None] = print, max_retries: int = 2) -> None:
         self.grace = grace
+        self.max_retries = max_retries  # a config is queued again at most this many times, across launches
         self.interval = max(1, grace // 6)
         self.driver = uuid.uuid4().hex[:12]
         self.say = say  # where "trial N was left running ..." goes (the terminal view once it is up)
@@ -132,7 +133,8 @@ class Liveness:
             try:
                 self.study._storage.set_trial_user_attr(trial._trial_id, "reason", reason)
                 if self.study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
-                    self.study.enqueue_trial(trial.params, user_attrs={RERUN_OF: number}, skip_if_exists=False)
+                    if self._may_rerun(trial):
+                        self.study.enqueue_trial(trial.params, user_attrs={RERUN_OF: number}, skip_if_exists=False)
                     stopped.append(number)
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # told meanwhile (by another launch, as stale)
@@ -178,10 +180,24 @@ class Liveness:
         return live_drivers(self.study, self.grace) | {self.driver}
 
     def _requeue(self, study: Any, trial: optuna.trial.FrozenTrial) -> None:
-        study.enqueue_trial(trial.params, user_attrs={RERUN_OF: trial.number}, skip_if_exists=False)
+        again = self._may_rerun(trial)
+        if again:
+            study.enqueue_trial(trial.params, user_attrs={RERUN_OF: trial.number}, skip_if_exists=False)
         self._reaped.append(trial.number)
+        kept = "queued again" if again else f"not queued again: its config started {self.max_retries + 1} times"
         self.say(f"trial {trial.number} was left running by a stopped launch (no heartbeat for {self.grace} s): "
-                 "marked FAIL, queued again")
+                 f"marked FAIL, {kept} (--max-retries)")
+
+    def _may_rerun(self, trial: optuna.trial.FrozenTrial) -> bool:
+        """Whether the config of a trial that was stopped mid-run may be queued again: it was started
+        at most ``max_retries`` times (the trial and the earlier trials it reran), so a config that
+        hangs a launch, killed each time, is not queued for ever."""
+        started, attrs = 1, trial.user_attrs
+        while RERUN_OF in attrs and started <= self.max_retries:
+            started += 1
+            earlier = self.study.get_trials(deepcopy=False)[int(attrs[RERUN_OF])] if self.study is not None else None
+            attrs = earlier.user_attrs if earlier is not None else {}
+        return started <= self.max_retries
 
     def _beat_loop(self) -> None:
         self._live = self.live_drivers()

@@ -281,7 +281,6 @@ class Tracker:
             How many runs were closed or logged.
         """
         with self._sender.lock:
-            live = set(live) | ({self._driver[DRIVER_TAG]} if self._driver else set())
             return (orphans.close_orphans(self.client, self.experiment_id, study, live, keep=self.parent_id)
                     + orphans.log_missing(self.client, self.experiment_id, study, live, parent=self.parent_id))
 
