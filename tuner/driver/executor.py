@@ -25,6 +25,7 @@ prepare_environment()  # before Ray is imported: it reads RAY_AUTH_MODE at impor
 import ray  # noqa: E402
 from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError, WorkerCrashedError  # noqa: E402
 
+from tuner import atomic  # noqa: E402
 from tuner.driver import embedded  # noqa: E402
 from tuner.driver.watchdog import Watchdog  # noqa: E402
 from tuner.errors import ClusterError  # noqa: E402
@@ -289,8 +290,7 @@ def _ensure_token() -> None:
     path = Path.home() / ".ray" / "auth_token"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_hex(32))
+        atomic.write_text(path, secrets.token_hex(32), mode=0o600)  # never a half-written token
 
 
 def _check_reachable(address: str) -> None:
