@@ -57,6 +57,38 @@ def test_forensics_names_optimizer_update_that_overflows_a_weight() -> None:
     assert found.op == "Adam/update_w/ResourceApplyAdam"
 
 
+def test_forensics_names_the_weight_whose_gradient_overflowed_the_global_norm() -> None:
+    """Inputs of 1e30 make w's gradient about 1.25e29: finite in float32, its square not. The first
+    non-finite op is tuner's global_norm/L2Loss; the record names the weight and the value."""
+    final = diverge({"fault": "gradient", "bad_step": 13})
+    found = final.forensics
+    assert (final.step, final.diverged_on) == (13, DivergedOn.GRADIENT)
+    assert found.nonfinite_ops[0].startswith("global_norm/L2Loss")  # what the replay found first
+    assert (found.op, found.op_type, found.kind) == ("w", "gradient norm", NonFiniteKind.BACKWARD)
+    assert found.note == "gradient norm overflowed (the gradient of w reached 1.3e29)"
+
+
+def test_a_replay_that_diverges_earlier_names_the_stateful_op_it_drew_anew() -> None:
+    """Stateful noise (NaN about one step in 18) replayed from step 0 to step 300 goes NaN before it:
+    "not analysed", with the op that drew the noise and how to make the replay exact."""
+    import tensorflow as tf
+    from noisy import Noisy
+
+    from tuner.worker.forensics import replay
+    from tuner.worker.graph import Snapshot, build, session_config
+
+    model = Noisy()
+    spec = RunSpec(0, 3, "noisy", TrainConfig(1e-4, knobs={"noise": "stateful"}), 300, 10)
+    built = build(model, spec.config, spec.seed)
+    with tf.compat.v1.Session(graph=built.graph, config=session_config(1, gpu=False)) as sess:
+        built.start(sess, spec.config)
+        names = [v.name for v in built.state]
+        initial = Snapshot(0, tuple(sess.run(built.state)), lambda raw: dict(zip(names, raw, strict=True)))
+        found = replay(model, model.data(spec.config.knobs), spec, initial, 300, built, sess)
+    assert "diverged earlier" in found.note and "not analysed" in found.note
+    assert "noise/random_uniform/RandomUniform" in found.note and "step_seed()" in found.note
+
+
 def test_forensics_attributes_nonfinite_batch_to_data_without_replay() -> None:
     found = diverge({"fault": "loss", "bad_step": 12}).forensics
     assert (found.kind, found.op, found.samples) == (NonFiniteKind.DATA, "x", (0,))

@@ -16,10 +16,14 @@ Names come from name scopes: ``iter_3/recompute_input/Log`` is a ``Log`` in laye
 ``recompute_input`` of loop iteration 3, in the forward pass. ``gradients/...`` is the backward
 pass (``gradients/iter_3/recompute_input/Log_grad/Reciprocal`` differentiates
 ``iter_3/recompute_input/Log``); tuner's ``global_norm/`` and ``clip_by_global_norm/`` count as
-backward too. An update that overflows a weight is reported as the optimizer's apply op of that
-weight (kind ``update``). A model with several losses has tuner's ops of each under the loss's
-name scope (``g_loss/gradients/...``); their kind and layer are read without it. Its alternating
-updates are replayed one ``session.run`` per loss, in order, as trained.
+backward too; a gradient that stays finite while its squared norm overflows (3.9e19 in float32)
+makes tuner's ``global_norm/L2Loss_k`` the first non-finite op, and is named by its weight instead
+(:func:`norm_overflow`). A replay that does not reproduce the run (it diverged earlier, or stayed
+finite) names the stateful random ops it drew anew. An update that overflows a weight is
+reported as the optimizer's apply op of that weight (kind ``update``). A model with several
+losses has tuner's ops of each under the loss's name scope (``g_loss/gradients/...``); their kind
+and layer are read without it. Its alternating updates are replayed one ``session.run`` per loss,
+in order, as trained.
 """
 
 from __future__ import annotations
@@ -120,7 +124,7 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
     for k in range(snapshot.step + 1, step):
         if not all(_finite(sess.run(run.fetches, feed(k))) for run in built.runs):
             note = f"the replay from step {snapshot.step} diverged earlier, at step {k}; not analysed"
-            return Forensics(step, replayed_from=snapshot.step, note=note)
+            return Forensics(step, replayed_from=snapshot.step, note=note + _redrawn(stateful))
     ops: list[Any] = []
     for run, tensors in zip(built.runs, checked, strict=True):  # alternating losses: one run each, in order
         values, _ = sess.run((tensors, run.fetches), feed(step))
@@ -130,15 +134,47 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
             break
     if not ops:
         note = f"the replay of step {step} stayed finite: the divergence did not reproduce"
-        if stateful:
-            note += (f"; the train step draws random numbers with stateful ops ({', '.join(stateful[:3])}), which "
-                     "the replay draws anew: draw them with tf.random.stateless_* and tuner.models.step_seed() "
-                     "to make the replay exact")
-        return Forensics(step, replayed_from=snapshot.step, note=note)
+        return Forensics(step, replayed_from=snapshot.step, note=note + _redrawn(stateful))
     origin = next((op for op in ops if not any(t.name in bad for t in op.inputs)), ops[0])
     listed = tuple(op.name for op in ops[:LISTED])
-    found = describe(origin, built.losses if len(built.losses) > 1 else ())
+    found = norm_overflow(origin, built.gradient_of, dict(zip((t.name for t in tensors), values, strict=True)))
+    if found is None:
+        found = describe(origin, built.losses if len(built.losses) > 1 else ())
     return replace(found, step=step, nonfinite_ops=listed, replayed_from=snapshot.step)
+
+
+def norm_overflow(op: Any, gradient_of: dict[str, str], values: dict[str, Any]) -> Forensics | None:
+    """A gradient's squared norm that overflowed while the gradient stayed finite, named by its weight.
+
+    tuner's global norm (``tf.linalg.global_norm`` in tuner.worker.graph, and the per-weight norms of
+    the telemetry) is a sum of ``L2Loss`` ops, the k-th over the k-th gradient: a gradient of 3.9e19
+    is finite in float32, its square is not. The first non-finite op is then tuner's
+    ``global_norm/L2Loss_k``, which says nothing to the model's author; the weight does.
+    ``gradient_of``: gradient tensor name -> its variable; ``values``: the replayed step's outputs.
+    """
+    if op.type != "L2Loss" or not op.inputs or op.inputs[0].name not in gradient_of:
+        return None
+    gradient = op.inputs[0].name
+    weight = gradient_of[gradient]
+    largest = values.get(gradient)
+    reached = f" reached {_short(float(np.max(np.abs(largest))))}" if largest is not None else " overflowed"
+    layer, iteration, _ = locate(weight)
+    return Forensics(0, NonFiniteKind.BACKWARD, op=weight, op_type="gradient norm", layer=layer,
+                     iteration=iteration, note=f"gradient norm overflowed (the gradient of {weight}{reached})")
+
+
+def _short(x: float) -> str:
+    """``3.9e19`` for 3.9e+19; two significant digits."""
+    return f"{x:.2g}".replace("e+", "e")
+
+
+def _redrawn(stateful: Sequence[str]) -> str:
+    """Why a replay that did not reproduce the run may differ: the stateful random ops it redrew ("" if none)."""
+    if not stateful:
+        return ""
+    return (f"; the train step draws random numbers with stateful ops ({', '.join(stateful[:3])}), which "
+            "the replay draws anew: draw them with tf.random.stateless_* and tuner.models.step_seed() "
+            "to make the replay exact")
 
 
 def _finite(fetched: Sequence[Any]) -> bool:

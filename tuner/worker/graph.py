@@ -135,6 +135,8 @@ class Built:
     seed_consts: list[tuple[Any, int]] = field(default_factory=list)  # (Const, its Python draw): Keras' seeds
     step_seed: Any = None  # the model's step_seed() placeholder, if it made one
     reusable: bool = True  # its random ops' seeds follow TensorFlow's rule, so reseed gives a fresh build's
+    # gradient tensor name -> the variable it is the gradient of (op name): what a norm over it names
+    gradient_of: dict[str, str] = field(default_factory=dict)
 
     @property
     def losses(self) -> tuple[str, ...]:
@@ -201,8 +203,11 @@ def build(model: Model, config: TrainConfig, seed: int, should_stop: Callable[[]
         step_seed = graph.get_tensor_by_name(STEP_SEED + ":0")
     except KeyError:
         step_seed = None
+    gradient_of = {(g.values if isinstance(g, tf.IndexedSlices) else g).name: v.op.name
+                   for part in parts for g, v in part.pairs}
     return Built(graph, mg, runs, val_loss, state, reader, hyper, init, seed,
-                 random_ops=seeded_ops, seed_consts=seed_consts, reusable=reusable, step_seed=step_seed)
+                 random_ops=seeded_ops, seed_consts=seed_consts, reusable=reusable, step_seed=step_seed,
+                 gradient_of=gradient_of)
 
 
 class _Fixed:
