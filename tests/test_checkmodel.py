@@ -25,7 +25,7 @@ def check(spec: str, capsys: pytest.CaptureFixture[str], steps: int = 3) -> tupl
 
 def line(lines: list[str], name: str) -> str:
     """The report line of check ``name``."""
-    found = [entry for entry in lines if entry[:4] in ("PASS", "FAIL") and entry[6:30].strip() == name]
+    found = [entry for entry in lines if entry[:4] in ("PASS", "WARN", "FAIL") and entry[6:30].strip() == name]
     assert len(found) == 1, lines
     return found[0]
 
@@ -37,7 +37,7 @@ def test_check_model_passes_on_builtin_models(spec: str, capsys: pytest.CaptureF
     status, lines = check(spec, capsys)
     assert status == 0, "\n".join(lines)
     assert lines[-1].endswith("all checks passed")
-    names = ["contract", "knob names", "data", "build", "loss", "gradients", "training"]
+    names = ["contract", "knob names", "data", "build", "loss", "gradients", "validation loss", "training"]
     knobs = load_model(spec).knobs
     names += [f"knob {knob}" for knob in knobs]
     assert all(line(lines, name).startswith("PASS") for name in names)
@@ -131,3 +131,18 @@ def test_check_model_flags_a_knob_end_with_a_non_finite_loss_and_runs_the_data_p
     assert status == 2
     preflight = line(lines, "data preflight")
     assert preflight.startswith("FAIL") and "sample(s) with a non-finite label" in preflight
+
+
+@pytest.mark.tf
+@pytest.mark.slow
+def test_check_model_warns_that_a_gan_without_val_loss_has_a_default_that_rises(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The sum d_loss + g_loss rises while a GAN trains well: every trial would end "did not learn"."""
+    status, lines = check(f"{FIXTURES / 'gan_without_val.py'}:GANWithoutValLoss", capsys)
+    assert status == 0, "\n".join(lines)  # a warning, not a failure
+    warned = line(lines, "validation loss")
+    assert warned.startswith("WARN") and "the sum of its losses (d_loss + g_loss)" in warned
+    assert "did not learn" in warned and "ModelGraph(val_loss=...)" in warned
+    assert lines[-1].endswith("all checks passed (1 warning)")
+    status, lines = check(f"{ROOT / 'examples' / 'gan.py'}:GAN", capsys)
+    assert line(lines, "validation loss") == f"PASS  {'validation loss':<24} the model's own val_loss"

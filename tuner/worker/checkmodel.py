@@ -15,6 +15,9 @@ then prints one line per check (``PASS`` or ``FAIL`` and what it found):
   one weight (its ``trains=`` matches some) and some loss trains each; a single loss that sums two
   adversarial terms (a GAN's ``d_loss + g_loss``: gradients opposed on the weights and on an
   activation both are computed from, ``tuner.worker.adversaries``) fails;
+- ``validation loss``: what a launch ranks trials by (the model's ``val_loss``, else the loss or
+  the sum of several losses); a WARN (exit status still 0) when that default sums losses that
+  fight (a GAN without its own ``val_loss``): it rises while training is healthy;
 - ``knob NAME``: some other valid value of the knob changes the graph's op count, the data, the
   loss at init or how several losses train (update order, optimizer, learning-rate factor), with
   the other knobs at their defaults, or with one of them changed (for a knob that only matters
@@ -22,7 +25,7 @@ then prints one line per check (``PASS`` or ``FAIL`` and what it found):
 - ``knob NAME ends``: a numeric knob at its low and at its high end gives a finite loss at init;
 - ``training``: a few steps of tuner's trainer stay finite.
 
-Exit status 0 when every check passes, 2 otherwise. Errors in the model's code are reported as
+Exit status 0 when every check passes (warnings included), 2 otherwise. Errors in the model's code are reported as
 one line naming the model, the member and the line of code, never as a traceback.
 """
 
@@ -59,10 +62,11 @@ class Check:
     name: str
     ok: bool
     detail: str
+    warn: bool = False  # passed, but a launch would likely go wrong (exit status still 0)
 
     def line(self) -> str:
-        """One report line: ``PASS  name  detail``."""
-        return f"{'PASS' if self.ok else 'FAIL'}  {self.name:<24} {self.detail}"
+        """One report line: ``PASS  name  detail`` (``WARN`` or ``FAIL`` instead of ``PASS``)."""
+        return f"{'FAIL' if not self.ok else 'WARN' if self.warn else 'PASS'}  {self.name:<24} {self.detail}"
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -75,12 +79,14 @@ def run_check(args: argparse.Namespace) -> int:
     prepare_environment()
     import_tensorflow()  # with Keras 2 selected, which tf.compat.v1.layers need
     print(f"checking model {options.spec!r} against tuner's model contract (docs/models.md)", flush=True)
-    failed = total = 0
+    failed = total = warned = 0
     for check in check_model(options.spec, options.steps):
         print(check.line(), flush=True)
         total += 1
         failed += not check.ok
+        warned += check.ok and check.warn
     verdict = "all checks passed" if not failed else f"{failed} of {total} checks failed"
+    verdict += f" ({warned} warning{'s' if warned > 1 else ''})" if warned else ""
     print(f"model {options.spec!r}: {verdict}")
     return 2 if failed else 0
 
@@ -101,6 +107,7 @@ def check_model(spec: str, steps: int) -> Iterator[Check]:
         if not check.ok and blocking != probe.preflight_check:  # bad data: the rest is still checked
             return
     yield probe.gradient_check()
+    yield probe.val_loss_check()
     for name in model.knobs:
         yield probe.knob_check(name)
         if model.knobs[name].kind in ("int", "float"):
@@ -266,6 +273,33 @@ class Probe:
                          "their sum trains neither (a GAN's d_loss + g_loss); return them as named losses, each "
                          "with the weights it trains: ModelGraph(losses={...}) (docs/models.md, several losses)")
         return Check("gradients", True, f"a gradient reaches each of the {len(variables)} trainable weight(s)")
+
+    def val_loss_check(self) -> Check:
+        """The validation loss a launch ranks trials by: the model's own ``val_loss``, or tuner's
+        default (the loss, or the sum of several losses). A default that sums losses that fight
+        (a GAN's d_loss and g_loss: gradients opposed, ``tuner.worker.adversaries``) rises while
+        training is healthy, so every trial would end "did not learn": a warning."""
+        import tensorflow as tf
+
+        built = self.build(self.defaults)
+        mg = built.model
+        if mg.val_loss is not None:
+            return Check("validation loss", True, "the model's own val_loss")
+        if not mg.losses:
+            return Check("validation loss", True, "the loss on the validation data (no val_loss of its own)")
+        names = " + ".join(mg.losses)
+        terms = [term for loss in mg.losses.values() for term in summed_terms(loss.tensor)]
+        with built.graph.as_default():
+            variables = tf.compat.v1.trainable_variables()
+        fight = opposed_terms(built.graph, terms, variables, self._feed(built, self.defaults), _session())
+        if fight is None:
+            return Check("validation loss", True, f"the sum of the losses ({names}) on the validation data")
+        a, b, cosine = fight
+        return Check("validation loss", True, warn=True, detail=(
+            f"model {self.spec!r} has no val_loss: the default is the sum of its losses ({names}), whose terms "
+            f"{a} and {b} fight (gradients opposed, cosine {cosine:.2f} at init): that sum rises while training "
+            "is healthy, so every trial would end 'did not learn'; return a val_loss that falls as the model "
+            "learns: ModelGraph(val_loss=...) (docs/models.md)"))
 
     def knob_check(self, name: str) -> Check:
         """Some other valid value of knob ``name`` changes the graph, the data or the loss at init."""
