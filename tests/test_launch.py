@@ -122,6 +122,10 @@ def test_launch_continues_a_study_with_more_trials(tmp_path: Path) -> None:
     text = " ".join(again.stdout.split())
     assert "already has 5 finished trial(s)" in text and "--trials 10 runs 5 more" in text
     assert "config: learning_rate: " in text and "None" not in text
+    # it names the exported trial and how to open it, its MLflow run found read only (issue 28)
+    assert f"best config: trial {doc['study']['trial']}, survived 2 seeds; not verified" in text
+    assert f"/runs/{doc['study']['mlflow_run_id']}?workflowType=machine_learning" in text
+    assert f"trials?numbers={doc['study']['trial']}" in text
     assert yaml.safe_load((tmp_path / "best.yaml").read_text())["study"] == doc["study"]  # its run found read only
     assert "INFO" not in again.stderr
     from mlflow.tracking import MlflowClient

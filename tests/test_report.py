@@ -20,7 +20,7 @@ from tuner.driver import studyrecord
 from tuner.driver.evidence import Choice, Margin, Verification
 from tuner.driver.plots import kaplan_meier, other_knob, seed_runs, stability_map, write_plots
 from tuner.driver.report import margin_line, run_report, study_rows
-from tuner.driver.trialrecord import SeedResult, SeedStatus, TrialRecord, varying
+from tuner.driver.trialrecord import Counts, SeedResult, SeedStatus, TrialRecord, varying
 from tuner.driver.views import trials_table
 from tuner.errors import ConfigError
 from tuner.records import TrialState
@@ -207,8 +207,9 @@ def test_report_table_shows_seeds_verification_and_did_not_learn(tmp_path: Path)
         assert re.search(r"\| survived, val loss 0\.5 seeds 8 \(6 raced\): (100, ){7}100 / 100 \| "
                          r"16/16 \(>= 0\.81\) \* \| learning_rate=0\.001", lines[0])
         assert re.search(r"seeds 8 \(6 raced\).* \| 9/16 \(>= 0\.33\) \| learning_rate=0\.003", lines[1])
-        assert "*" not in lines[1]
-        assert "survived, did not learn, val loss 0.7 seeds 2: 100, 100 / 100 |  | learning_rate=1e-05" in lines[2]
+        assert "*" not in lines[1] and "verified 9/16 (lower bound 0.33): below the bar 0.8 |" in lines[1]
+        assert ("survived, did not learn, val loss 0.7 seeds 2: 100, 100 / 100 did not learn: val loss 0.7 not "
+                "below 2.31 at init |  | learning_rate=1e-05") in lines[2]
         assert "diverged seeds 2: 40x, 100c / 100 step 41: loss |  | learning_rate=0.1" in lines[3]
         assert "/16" not in lines[2] + lines[3]
 
@@ -219,7 +220,8 @@ def test_report_prints_the_rule_and_the_margin(tmp_path: Path, capsys: pytest.Ca
     args = argparse.Namespace(study="v", storage=storage, tracking_uri=None, out_dir=str(tmp_path / "plots"))
     assert run_report(args) == 0
     out = capsys.readouterr().out
-    assert "1 of 4 finished trials diverged" in out
+    assert ("4 trials finished: 3 survived, 1 diverged, 0 stopped by the pruner, 0 failed; diverged fraction 25% "
+            "(1 of the 4 trials that survived or diverged)") in " ".join(out.split())
     assert f"trial 0, by the rule: {RULE}" in " ".join(out.split())
     # mean of min(loss, init) over lr x 1, 1.5, 2, 3, 5 (5x diverged: the init loss) minus the best loss
     assert ("trial 0 survives up to 3x its learning rate; LR sensitivity (Wortsman et al.) over lr x 1, 1.5, 2, 3, 5: "
@@ -227,15 +229,18 @@ def test_report_prints_the_rule_and_the_margin(tmp_path: Path, capsys: pytest.Ca
     assert all(p.read_bytes().startswith(PNG) for p in (tmp_path / "plots").iterdir())
 
 
-def test_report_without_a_choice_prints_no_rule(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_without_a_choice_names_the_unverified_incumbent(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
     storage = f"sqlite:///{tmp_path / 't.db'}"
     study = optuna.create_study(study_name="v", storage=storage)
     add_trial(study, 0, 1e-3)
     rows = study_rows(study)
-    assert (rows[0].raced, rows[0].verification, rows[0].chosen) == (0, None, False)
+    assert (rows[0].raced, rows[0].verification, rows[0].chosen) == (0, None, True)
     assert run_report(argparse.Namespace(study="v", storage=storage, tracking_uri=None, out_dir=str(tmp_path))) == 0
-    out = capsys.readouterr().out
-    assert "rule" not in out and "learning rate;" not in out
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("exported (*): trial 0, by the rule: lowest validation loss among the COMPLETE trials that learned "
+            "(not verified on fresh seeds)") in out
+    assert "learning rate;" not in out and "lowest validation loss: trial" not in out
 
 
 def test_margin_line_when_the_first_factor_already_diverged() -> None:
@@ -257,7 +262,7 @@ def test_stability_map_labels_verified_trials_and_stars_the_chosen(tmp_path: Pat
     ax = Figure().add_subplot()
     stability_map(ax, rows)
     assert sorted(t.get_text() for t in ax.texts) == ["16/16", "9/16"]
-    assert legend(ax) == ["survived", "diverged", "chosen (trial 0)"]
+    assert legend(ax) == ["survived", "diverged", "exported (trial 0)"]
     ax = Figure().add_subplot()
     stability_map(ax, [row(i, 10.0 ** -i, (100,)) for i in range(1, 4)])
     assert [t.get_text() for t in ax.texts] == []
@@ -299,8 +304,22 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
     own = {int(r.data.tags["trial"]): r.info.run_id for r in runs if r.data.tags.get("phase") == "search"}
     exported = yaml.safe_load(out.read_text())["study"]
     assert exported["mlflow_run_id"] == own[exported["trial"]]  # asked of the tracker once the search ended
-    assert parent.data.metrics["diverged_fraction"] == pytest.approx(
-        sum(s == "diverged" for s in statuses.values()) / 4)
+    counts = Counts.of(rows)  # one definition: the launch run's metric, the launch's and report's lines
+    assert parent.data.metrics["diverged_fraction"] == pytest.approx(counts.diverged_fraction)
+    assert counts.judged == 4 and parent.data.metrics["trials_finished"] == 4
+    said = " ".join(result.stdout.split())
+    # the end of the launch names the exported trial, marks it in its table, and says how to open it
+    number = exported["trial"]
+    assert f"best config: trial {number}, survived 2 seeds; not verified on fresh seeds" in said
+    assert [n for n, line in table_rows(result.stdout).items() if "| * |" in line] == [number]
+    assert counts.line() in said
+    experiment = client.get_experiment_by_name("s").experiment_id
+    assert (f"then open http://127.0.0.1:5000/#/experiments/{experiment}/runs/{own[number]}"
+            "?workflowType=machine_learning") in result.stdout
+    assert f"mlflow ui --backend-store-uri {tracking}" in result.stdout
+    assert f"optuna-dashboard {storage}" in result.stdout
+    study_id = optuna.storages.get_storage(storage).get_study_id_from_name("s")
+    assert f"then open http://127.0.0.1:8080/dashboard/studies/{study_id}/trials?numbers={number}" in result.stdout
     for run in (r for r in runs if "trial" in r.data.tags):
         tags, metrics = run.data.tags, run.data.metrics
         telemetry = ("grad_norm/w", "clip_fraction", "clipped", "loss_spikes", "grad_norm_p99", "grad_norm_max")
@@ -322,8 +341,9 @@ def test_launch_then_report_from_stores_alone(tmp_path: Path) -> None:
     table = table_rows(result.stdout)
     assert all("step 40: loss; iter_1/hazard/Log (forward, iteration 1)" in table[n]
                for n, s in statuses.items() if s == "diverged")
-    diverged = sum(s == "diverged" for s in statuses.values())
-    assert f"{diverged} of 4 finished trials diverged" in result.stdout
+    assert counts.line() in " ".join(result.stdout.split())
+    assert f"exported (*): trial {number}, by the rule: lowest validation loss" in result.stdout
+    assert [n for n, line in table.items() if "| * |" in line] == [number]  # report, YAML, launch: one trial
     # both seeds meet the planted fault at step 40: the sibling passes it before it may be cancelled
     assert all(("seeds 2: 39x, 39x / 60" if s == "diverged" else "seeds 2: 60, 60 / 60") in table[n]
                for n, s in statuses.items())

@@ -3,8 +3,10 @@ divergence that does not depend on which worker ran faster (real training)."""
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -13,7 +15,23 @@ import pytest
 
 from tests.conftest import FIXTURES
 from tests.fixtures.nan_sample import first_nan_step
-from tuner.driver.trialrecord import ATTR, SeedStatus, TrialRecord, best, read, study_records
+from tuner.driver import views
+from tuner.driver.evidence import Choice, Verification
+from tuner.driver.trialrecord import (
+    ATTR,
+    Counts,
+    SeedResult,
+    SeedStatus,
+    TrialRecord,
+    best,
+    candidates,
+    incumbent,
+    mark_incumbent,
+    read,
+    short_reason,
+    study_records,
+    why_not,
+)
 from tuner.errors import DataError
 from tuner.models import Dataset, Knob
 from tuner.records import DivergedOn, Forensics, RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
@@ -186,3 +204,95 @@ def test_a_finished_study_counts_as_done_only_when_verified_as_the_command_asks(
     assert finished_study(config(trials=5)) is None  # more trials asked
     assert finished_study(config(verify_seeds=8)) is None  # another verification asked
     assert finished_study(config(verify_seeds=0)) is not None
+
+
+def complete(number: int, value: float, seeds: int, reason: str = "") -> TrialRecord:
+    """A COMPLETE trial that learned, on ``seeds`` seeds (the first two search seeds, the rest race seeds)."""
+    runs = tuple(SeedResult(100 * number + i, SeedStatus.SURVIVED, 600, 600, "search" if i < 2 else "race",
+                            val_loss=value) for i in range(seeds))
+    return TrialRecord(number, TrialState.COMPLETE, {"learning_rate": 1e-3 * (number + 1)}, 600, runs,
+                       value=value, learned=True, init_val_loss=2.3, reason=reason)
+
+
+def stopped(number: int, reason: str, stopped_at: int = 600) -> TrialRecord:
+    """A trial the pruner stopped after its first seed (survived) or mid-run (its seeds cancelled)."""
+    status = SeedStatus.SURVIVED if stopped_at == 600 else SeedStatus.CANCELLED
+    runs = (SeedResult(100 * number, status, stopped_at, stopped_at, val_loss=0.167),)
+    return TrialRecord(number, TrialState.STOPPED, {"learning_rate": 0.1}, 600, runs, reason=reason,
+                       stopped_at=stopped_at)
+
+
+def test_the_incumbent_is_the_raced_trial_the_export_picks_not_the_lowest_loss_on_two_seeds() -> None:
+    """Issue 28: trial 20 (0.0473 on 2 seeds, not raced) was "best so far" while trial 4 (0.0545 on 8) was exported."""
+    raced, lucky = complete(4, 0.0545, 8), complete(20, 0.0473, 2)
+    assert best([raced, lucky])[0] is lucky  # without racing every learned survivor is in the pool
+    top, rule = incumbent([raced, lucky], race_seeds=8)
+    assert top is raced and "raced to 8 seeds" in rule and "not verified" in rule
+    assert [r.number for r in candidates([raced, lucky], 8)] == [4]  # what verification would try first
+    assert incumbent([raced, lucky], Choice(20, True, "rule"), race_seeds=8) == (lucky, "rule")  # a choice wins
+    marked = {r.number: r for r in mark_incumbent([raced, lucky], race_seeds=8)}
+    assert (marked[4].chosen, marked[4].why, marked[20].chosen) == (True, "", False)
+    assert marked[20].why == "0.0473 on 2 seeds; not raced to 8"  # an older record: no search-time reason
+    said = "0.0473 on 2 seeds is within 1 standard error of trial 4's 0.0545 on 8 seeds; not raced"
+    assert mark_incumbent([raced, complete(20, 0.0473, 2, said)], race_seeds=8)[1].why == said  # the search's words
+
+
+def test_why_not_gives_every_lost_trial_one_short_line() -> None:
+    top = replace(complete(4, 0.0545, 8), verification=verification(16))
+    below = replace(complete(5, 0.06, 8), verification=verification(13))
+    assert why_not(below, top) == "verified 13/16 (lower bound 0.57): below the bar 0.8"
+    assert why_not(complete(6, 0.07, 8), top) == "val loss 0.07 > trial 4's 0.0545; not verified"
+    unlearned = replace(complete(7, 2.4, 2), learned=False)
+    assert why_not(unlearned, top) == "did not learn: val loss 2.4 not below 2.3 at init"
+    failed = TrialRecord(8, TrialState.FAIL, {}, 600, (), reason="ValueError: " + "x " * 200)
+    assert why_not(failed, top).startswith("failed: ValueError: x x") and len(why_not(failed, top)) <= 90
+    assert why_not(failed, top).endswith("...") and why_not(top, top) == ""
+    pruned = TrialRecord.from_outcome(outcome(), steps=100)
+    assert why_not(pruned, top) == "diverged at step 34 (seed 5): loss"
+
+
+def verification(survived: int) -> Verification:
+    return Verification(seeds=tuple(range(16)), steps=1200, survived=survived, runs=16, min_survival=0.8,
+                        val_loss=0.05, init_val_loss=2.3)
+
+
+def test_a_stopped_trial_reads_stopped_with_its_reason_in_the_pruners_own_words() -> None:
+    """The reasons come from real searches (tests/test_search.py's fake executor): a rewording there fails here."""
+    from tests.test_search import THREE_FINISHED, first_seed_search
+    from tuner.driver.search import FirstSeedPruner, make_pruner
+
+    search, _ = first_seed_search(FirstSeedPruner(min_step=40, max_step=100, factor=100.0),
+                                  [*THREE_FINISHED, 10**-3.5])
+    search.run()
+    behind = read(search.study.trials[3])
+    assert re.fullmatch(r"stopped: first seed 1(\.01)? > 1\.2 x best 0\.1444", short_reason(behind))
+    search, _ = first_seed_search(make_pruner("first-seed", 200), [*THREE_FINISHED, 10**-3.5])
+    search.run()
+    early = read(search.study.trials[3])
+    assert short_reason(early) == "stopped at step 40: first seed's loss > 3 x the best first seed's"
+    assert views.describe(early).startswith("trial 3: stopped at step 40: first seed's loss > 3 x")
+    row = views.outcome_text(stopped(9, behind.reason))
+    assert row.splitlines() == [short_reason(behind), "seeds 1 (the others not run): 600 / 600"]
+    assert views.outcome_text(stopped(9, early.reason, 40)).splitlines()[1] == "seeds 1: 40s / 600"
+    assert "c cancelled (a sibling diverged)," in views.LEGEND and "s stopped by the pruner" in views.LEGEND
+
+
+def test_counts_have_one_definition_in_the_launch_run_and_every_view(tmp_path: Any) -> None:
+    """30 trials: 4 survived, 4 diverged, 22 stopped. Issue 28 saw "30/30 finished", "4 of 8" and 0.1333."""
+    from tuner.driver.launch import _study_summary
+
+    pruned = TrialRecord.from_outcome(outcome(), steps=600)
+    median = "at step 40 its loss was behind the median of the completed trials"
+    records = ([complete(n, 0.05 + n / 100, 2) for n in range(4)] + [replace(pruned, number=n) for n in range(4, 8)]
+               + [stopped(n, median) for n in range(8, 30)])
+    counts = Counts.of(records)
+    assert (counts.finished, counts.judged, counts.diverged_fraction) == (30, 8, 0.5)
+    assert counts.line() == ("30 trials finished: 4 survived, 4 diverged, 22 stopped by the pruner, 0 failed; "
+                             "diverged fraction 50% (4 of the 8 trials that survived or diverged)")
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 't.db'}")
+    state = {TrialState.COMPLETE: optuna.trial.TrialState.COMPLETE, TrialState.FAIL: optuna.trial.TrialState.FAIL}
+    for r in records:
+        study.add_trial(optuna.trial.create_trial(state=state.get(r.state, optuna.trial.TrialState.PRUNED),
+                                                  value=r.value, user_attrs={ATTR: r.to_dict()}))
+    summary = _study_summary(study)  # the MLflow launch run's metrics
+    assert (summary["trials_finished"], summary["diverged_fraction"], summary["trials_stopped"]) == (30, 0.5, 22)

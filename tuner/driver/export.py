@@ -4,7 +4,9 @@ The exported trial is the one the end-of-launch verification chose (``tuner.driv
 validation loss among the raced configs whose survival on fresh seeds has a 95% lower bound at or
 above ``--min-survival``; if none qualifies, the highest lower bound, and the YAML says plainly
 that no config met the bar. Without a verification (``--verify-seeds 0``), it is the COMPLETE
-trial that learned with the lowest validation loss, and the YAML says it was not verified. A
+trial that learned with the lowest validation loss among those raced to ``--race-seeds`` (all of
+them if none was), and the YAML says it was not verified. Either way it is the study's incumbent
+(``tuner.driver.trialrecord.incumbent``), the trial every view marks. A
 config that survived but did not learn (validation loss not below the loss at initialisation) is
 never exported as a success; if no trial survived, the longest-surviving one is exported with
 ``diverged: true``. Everything is read back from the Optuna storage, so a finished study can be
@@ -33,9 +35,10 @@ _ORDER = ("learning_rate", "clip_norm", "l2_weight", "max_iter")
 
 
 def best_trial(study: optuna.Study) -> tuple[TrialRecord, str] | None:
-    """The trial to export and the rule that picked it (``tuner.driver.trialrecord.best``); None if the
-    study has no finished trial."""
-    return trialrecord.best(trialrecord.study_records(study), studyrecord.choice(study))
+    """The trial to export, the incumbent (``tuner.driver.trialrecord.incumbent``), and the rule that
+    picked it; None if the study has no finished trial."""
+    return trialrecord.incumbent(trialrecord.study_records(study), studyrecord.choice(study),
+                                 studyrecord.race_seeds(study))
 
 
 def best_config(study: optuna.Study, storage: str, steps: int, model: str | None = None,

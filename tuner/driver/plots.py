@@ -6,7 +6,8 @@
   survived (a seed cancelled because a sibling diverged is left out of that), and a hollow grey
   circle per trial the pruner stopped (it neither survived its budget on every seed nor diverged).
   A config verified on fresh seeds is labelled with its verified survival (``16/16``); the
-  exported (chosen) trial is a star.
+  incumbent (the exported trial: ``tuner.driver.trialrecord.incumbent``) is a star. The title gives the
+  counts (``tuner.driver.trialrecord.Counts``).
 - **Survival curves**: the fraction of seed runs still finite at each step (Kaplan-Meier: a seed
   cancelled because a sibling diverged or the pruner stopped it counts as finite up to its
   cancellation, not after, and is marked ``|`` there; a stopped trial's seeds count as far as they
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from tuner import atomic
-from tuner.driver.trialrecord import SeedStatus, TrialRecord, diverged_share, varying
+from tuner.driver.trialrecord import Counts, SeedStatus, TrialRecord, varying
 from tuner.errors import OutputError
 from tuner.names import file_safe
 from tuner.records import TrialState
@@ -57,14 +58,14 @@ def write_plots(rows: Sequence[TrialRecord], out_dir: str | Path, study: str = "
     """
     from matplotlib.figure import Figure
 
+    counts = Counts.of(rows)
     rows = [r for r in rows if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.STOPPED)]
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create the plots' folder {out}: {exc.strerror or exc}") from exc
-    stopped = sum(r.state is TrialState.STOPPED for r in rows)
-    title = diverged_share(rows) + (f"; {stopped} stopped by the pruner" if stopped else "")
+    title = f"{counts.text()}\n{counts.fraction_text()}"
     prefix = f"{file_safe(study)}_" if study else ""
     paths = []
     for name, draw in ((STABILITY_MAP, partial(stability_map, log_knobs=log_knobs)), (SURVIVAL, survival_curves)):
@@ -109,7 +110,7 @@ def stability_map(ax: Any, rows: Sequence[TrialRecord], log_knobs: Collection[st
 
 
 def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRecord]) -> Any:
-    """Circles (survived), crosses (diverged), a star (the chosen trial), verified survival labels.
+    """Circles (survived), crosses (diverged), a star (the incumbent), verified survival labels.
 
     Returns:
         The survived trials' scatter (for the colour bar).
@@ -128,7 +129,7 @@ def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRecord])
     if chosen.any():
         number = next(r.number for r in rows if r.chosen)
         ax.scatter(x[chosen], y[chosen], c=shade[chosen], marker="*", s=260, edgecolors="red", linewidths=1.2,
-                   label=f"chosen (trial {number})", zorder=3, **style)
+                   label=f"exported (trial {number})", zorder=3, **style)
     for xi, yi, r in zip(x, y, rows, strict=True):
         if r.verification is not None:
             ax.annotate(f"{r.verification.survived}/{r.verification.runs}", (xi, yi), xytext=(6, 4),

@@ -23,10 +23,11 @@ from tuner.driver import mlflow_runs, studyrecord, trialrecord
 from tuner.driver.evidence import MARGIN_FACTORS, Margin
 from tuner.driver.plots import write_plots
 from tuner.driver.targets import check_sqlite_intact
-from tuner.driver.trialrecord import TrialRecord, diverged_line, varying
+from tuner.driver.trialrecord import Counts, TrialRecord, varying
 from tuner.driver.views import trials_table
 from tuner.errors import ConfigError, OutputError, TrackingError
 from tuner.names import study_name_problem
+from tuner.records import TrialState
 
 DEFAULT_TRACKING = "sqlite:///mlflow.db"
 
@@ -44,9 +45,9 @@ def run_report(args: argparse.Namespace) -> int:
     records = study_rows(study)
     causes = mlflow_causes(uri, args.study) if uri else {}
     console.print(trials_table(records, varying(records), causes))
-    console.print(diverged_line(records), highlight=False)
-    for line in selection_lines(study):
-        console.print(line, highlight=False, markup=False)
+    console.print(Counts.of(records).line(), highlight=False, soft_wrap=True)  # piped: one line each, unwrapped
+    for line in selection_lines(study, records):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
     try:
         paths = write_plots(records, args.out_dir, study=args.study, log_knobs=trialrecord.log_knobs(study))
     except OutputError as exc:
@@ -145,15 +146,22 @@ def cause_text(tags: Mapping[str, str]) -> str:
     return f"{op} ({', '.join(w for w in where if w)})"
 
 
-def selection_lines(study: Any) -> list[str]:
-    """The selection rule that chose the exported trial, and that trial's learning-rate margin."""
-    chosen = studyrecord.choice(study)
-    if chosen is None:
+def selection_lines(study: Any, records: Sequence[TrialRecord]) -> list[str]:
+    """The incumbent (the exported trial) and the rule that picked it, why the lowest validation loss
+    is another trial's (when it is), and the incumbent's learning-rate margin."""
+    found = trialrecord.incumbent(records, studyrecord.choice(study), studyrecord.race_seeds(study))
+    if found is None:
         return []
-    lines = [f"chosen (*): trial {chosen.trial}, by the rule: {chosen.rule}"]
-    margin = studyrecord.margins(study).get(chosen.trial)
+    top, rule = found
+    lines = [f"exported (*): trial {top.number}, by the rule: {rule}"]
+    lowest = min((r for r in records if r.value is not None and r.state is TrialState.COMPLETE),
+                 key=lambda r: (r.value or 0.0, r.number), default=None)
+    if lowest is not None and lowest.number != top.number:
+        why = trialrecord.why_not(lowest, top, studyrecord.race_seeds(study))
+        lines.append(f"lowest validation loss: trial {lowest.number}, not exported: {why}")
+    margin = studyrecord.margins(study).get(top.number)
     if margin is not None:
-        lines.append(margin_line(chosen.trial, margin))
+        lines.append(margin_line(top.number, margin))
     return lines
 
 

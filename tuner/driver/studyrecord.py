@@ -16,6 +16,7 @@ SEED_BASE = "tuner.seed_base"
 VERIFIED = "tuner.verified."
 MARGIN = "tuner.margin."
 CHOICE = "tuner.choice"
+RACE_SEEDS = "tuner.race_seeds"  # the seeds a trial must be raced to before it may be exported (0: no racing)
 COMPUTE = "tuner.compute"
 
 
@@ -60,6 +61,17 @@ def choice(study: Any) -> Choice | None:
     """The recorded choice, if a launch made one."""
     doc = study.user_attrs.get(CHOICE)
     return None if doc is None else Choice(int(doc["trial"]), bool(doc["met"]), str(doc["rule"]))
+
+
+def save_race_seeds(study: Any, race_seeds: int) -> None:
+    """Record the seeds the latest launch raced trials to (0: it raced none): the selection rule's pool."""
+    if study.user_attrs.get(RACE_SEEDS) != race_seeds:
+        study.set_user_attr(RACE_SEEDS, race_seeds)
+
+
+def race_seeds(study: Any) -> int:
+    """The recorded race seeds; 0 for a study that recorded none (every learned survivor may be exported)."""
+    return int(study.user_attrs.get(RACE_SEEDS, 0))
 
 
 def add_compute(study: Any, compute: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:

@@ -13,11 +13,20 @@ forensics named), cancelled at step t (a sibling diverged or the pruner stopped 
 failed with a reason. The trial's earliest divergence is the lowest divergence step of its seeds;
 the search lets every sibling pass that step before it cancels it (``tuner.driver.search``), so the
 earliest divergence does not depend on which worker ran faster.
+
+One winner and one set of counts for every view: :func:`incumbent` is the trial best_config.yaml
+exports (the trial the selection rule chose after a verification; before one, the first config a
+verification would try: the lowest validation loss among the trials raced to ``--race-seeds``); the
+terminal's "best so far", the tables' ``*``, ``tuner report`` and the plots' star name it.
+:func:`why_not` says in one short line why any other trial is not it, and :class:`Counts` defines
+finished, survived, diverged, stopped, failed and the diverged fraction.
 """
 
 from __future__ import annotations
 
 import enum
+import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -120,7 +129,9 @@ class TrialRecord:
         version: the record's schema (0: read from a study written before the record existed).
         verification: its config's run on fresh seeds (joined from the study at read time).
         margin: its learning-rate margin (joined from the study).
-        chosen: whether the selection rule exported it (joined from the study).
+        chosen: whether it is the incumbent, the trial best_config.yaml exports (joined from the
+            study: :func:`incumbent`).
+        why: why it is not the incumbent, in one short line (joined: :func:`why_not`; "" for the incumbent).
     """
 
     number: int
@@ -138,6 +149,7 @@ class TrialRecord:
     verification: Verification | None = field(default=None, compare=False)
     margin: Margin | None = field(default=None, compare=False)
     chosen: bool = field(default=False, compare=False)
+    why: str = field(default="", compare=False)
 
     @classmethod
     def from_outcome(cls, outcome: TrialOutcome, steps: int, stopped_at: int | None = None) -> TrialRecord:
@@ -250,17 +262,26 @@ def read(trial: Any) -> TrialRecord | None:
 
 
 def study_records(study: Any) -> list[TrialRecord]:
-    """Every recorded trial of ``study`` in trial order, with its verification, margin and choice."""
+    """Every recorded trial of ``study`` in trial order, with its verification, margin, whether it
+    is the incumbent (``chosen``) and why not (``why``)."""
     from tuner.driver import studyrecord
 
-    verified, margins, chosen = studyrecord.verifications(study), studyrecord.margins(study), studyrecord.choice(study)
+    verified, margins = studyrecord.verifications(study), studyrecord.margins(study)
     out = []
     for trial in study.get_trials(deepcopy=False):
         record = read(trial) if trial.state.is_finished() else None
         if record is not None:
-            out.append(replace(record, verification=verified.get(record.number), margin=margins.get(record.number),
-                               chosen=chosen is not None and chosen.trial == record.number))
-    return out
+            out.append(replace(record, verification=verified.get(record.number), margin=margins.get(record.number)))
+    return mark_incumbent(out, studyrecord.choice(study), studyrecord.race_seeds(study))
+
+
+def mark_incumbent(records: Sequence[TrialRecord], choice: Choice | None = None,
+                   race_seeds: int = 0) -> list[TrialRecord]:
+    """``records`` with the incumbent marked ``chosen`` and every other trial's ``why`` filled in."""
+    found = incumbent(records, choice, race_seeds)
+    top = found[0] if found else None
+    return [replace(r, chosen=top is not None and r.number == top.number, why=why_not(r, top, race_seeds))
+            for r in records]
 
 
 def log_knobs(study: Any) -> set[str]:
@@ -303,21 +324,36 @@ def _legacy(number: int, attrs: Mapping[str, Any]) -> TrialRecord:
 UNVERIFIED_RULE = "lowest validation loss among the COMPLETE trials that learned (not verified on fresh seeds)"
 
 
-def best(records: Iterable[TrialRecord], choice: Choice | None = None) -> tuple[TrialRecord, str] | None:
-    """The trial to export (or show as best so far) and the rule that picked it; None if none finished.
+def candidates(records: Iterable[TrialRecord], race_seeds: int = 0) -> list[TrialRecord]:
+    """The trials the selection rule may export, best validation loss first: COMPLETE trials that
+    learned and (when racing) survived ``race_seeds`` seeds; if none was raced that far, every
+    COMPLETE trial that learned. End-of-launch verification takes its configs from here, in this order."""
+    done = [r for r in records if r.state is TrialState.COMPLETE and r.value is not None and r.learned is not False]
+    raced = [r for r in done if len(r.seeds) >= race_seeds]
+    return sorted(raced or done, key=lambda r: (r.value, r.number))
 
-    The trial the selection rule chose (``choice``, after a verification) wins; else the survivor
-    that learned with the lowest validation loss; else the lowest-loss survivor; else the trial
-    whose weakest seed survived longest (a trial stopped by the pruner never counts).
+
+def incumbent(records: Iterable[TrialRecord], choice: Choice | None = None,
+              race_seeds: int = 0) -> tuple[TrialRecord, str] | None:
+    """The incumbent: the trial best_config.yaml exports if the launch ended now, and the rule that
+    picked it; None if no trial finished. The terminal's "best so far", the trials table's ``*``,
+    ``tuner report``, the plots' star and the YAML all name this one trial.
+
+    The trial the selection rule chose after a verification (``choice``) wins; else the first of
+    :func:`candidates` (the config a verification would try first); else the lowest-loss survivor
+    that did not learn; else the trial whose weakest seed survived longest (a trial stopped by the
+    pruner never counts).
     """
     records = [r for r in records if r.state is not TrialState.FAIL]
     found = next((r for r in records if choice is not None and r.number == choice.trial), None)
     if found is not None and choice is not None:
         return found, choice.rule
+    pool = candidates(records, race_seeds)
+    if pool:
+        raced = race_seeds > 0 and len(pool[0].seeds) >= race_seeds
+        return pool[0], UNVERIFIED_RULE if not raced else UNVERIFIED_RULE.replace(
+            "that learned", f"that learned and were raced to {race_seeds} seeds")
     complete = [r for r in records if r.state is TrialState.COMPLETE and r.value is not None]
-    learned = [r for r in complete if r.learned is not False]
-    if learned:
-        return min(learned, key=lambda r: (r.value, r.number)), UNVERIFIED_RULE
     if complete:
         rule = "no COMPLETE trial learned: the lowest validation loss of those that survived"
         return min(complete, key=lambda r: (r.value, r.number)), rule
@@ -328,6 +364,12 @@ def best(records: Iterable[TrialRecord], choice: Choice | None = None) -> tuple[
     return max(pruned, key=lambda r: (r.weakest, -r.number)), rule
 
 
+def best(records: Iterable[TrialRecord], choice: Choice | None = None,
+         race_seeds: int = 0) -> tuple[TrialRecord, str] | None:
+    """:func:`incumbent` (the name its first callers used)."""
+    return incumbent(records, choice, race_seeds)
+
+
 def varying(records: Sequence[TrialRecord]) -> list[str]:
     """``learning_rate``, then the knobs whose value differs between the trials."""
     keys = list(records[0].config) if records else []
@@ -335,17 +377,125 @@ def varying(records: Sequence[TrialRecord]) -> list[str]:
     return ["learning_rate", *moving] if "learning_rate" in keys else moving
 
 
-def diverged_share(records: Sequence[TrialRecord]) -> str:
-    """``3 of 8 finished trials diverged (38%)``: the study's infeasible fraction (the Playbook's)."""
-    done = [r for r in records if r.state in (TrialState.COMPLETE, TrialState.PRUNED)]
-    diverged = sum(r.state is TrialState.PRUNED for r in done)
-    share = f" ({diverged / len(done):.0%})" if done else ""
-    return f"{diverged} of {len(done)} finished trials diverged{share}"
+@dataclass(frozen=True)
+class Counts:
+    """How a study's recorded trials ended: the one definition of every count tuner shows.
+
+    ``finished`` is every trial tuner recorded (``survived + diverged + stopped + failed``; a
+    duplicate config that was never trained, or a trial whose launch stopped mid-run, has no record).
+    ``diverged_fraction`` (the Playbook's infeasible fraction) is ``diverged / (survived + diverged)``:
+    of the trials that ran until they either survived the budget on every seed or diverged; a trial
+    the pruner stopped showed neither, and a failed one is a crash, so neither is in the denominator.
+    A survivor that did not learn counts as survived.
+    """
+
+    survived: int = 0
+    diverged: int = 0
+    stopped: int = 0
+    failed: int = 0
+
+    @classmethod
+    def of(cls, records: Iterable[TrialRecord]) -> Counts:
+        """The counts of ``records``."""
+        states = [r.state for r in records]
+        return cls(*(states.count(s) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.STOPPED,
+                                               TrialState.FAIL)))
+
+    @property
+    def finished(self) -> int:
+        """Every recorded trial."""
+        return self.survived + self.diverged + self.stopped + self.failed
+
+    @property
+    def judged(self) -> int:
+        """The denominator of :attr:`diverged_fraction`: trials that survived or diverged."""
+        return self.survived + self.diverged
+
+    @property
+    def diverged_fraction(self) -> float:
+        """``diverged / (survived + diverged)``; NaN when no trial survived or diverged."""
+        return self.diverged / self.judged if self.judged else math.nan
+
+    def fraction_text(self) -> str:
+        """``diverged fraction 50% (4 of the 8 trials that survived or diverged)``."""
+        share = f"{self.diverged_fraction:.0%}" if self.judged else "-"
+        return f"diverged fraction {share} ({self.diverged} of the {self.judged} trials that survived or diverged)"
+
+    def text(self) -> str:
+        """``30 trials finished: 4 survived, 4 diverged, 22 stopped by the pruner, 0 failed``."""
+        return (f"{self.finished} trials finished: {self.survived} survived, {self.diverged} diverged, "
+                f"{self.stopped} stopped by the pruner, {self.failed} failed")
+
+    def line(self) -> str:
+        """:meth:`text`, then :meth:`fraction_text`: the one line report and the launch print."""
+        return f"{self.text()}; {self.fraction_text()}"
 
 
-def diverged_line(records: Sequence[TrialRecord]) -> str:
-    """:func:`diverged_share`, then how many failed and how many the pruner stopped."""
-    done = sum(r.state in (TrialState.COMPLETE, TrialState.PRUNED) for r in records)
-    stopped = sum(r.state is TrialState.STOPPED for r in records)
-    text = f"{diverged_share(records)}; {len(records) - done - stopped} failed"
-    return text + (f"; {stopped} stopped by the pruner (behind)" if stopped else "")
+_STOPS = (  # the pruners' reasons (tuner.driver.search) -> their short form
+    (re.compile(r"validation loss (\S+) was more than (\S+)x the best trial's (\S+?);"),
+     "stopped: first seed {0} > {1} x best {2}"),
+    (re.compile(r"at step (\d+) its first seed's loss was more than (\S+)x"),
+     "stopped at step {0}: first seed's loss > {1} x the best first seed's"),
+    (re.compile(r"at step (\d+) its loss was more than (\S+)x"), "stopped at step {0}: loss > {1} x the best"),
+    (re.compile(r"at step (\d+) its loss was not in the best third"), "stopped at step {0}: not in the best third"),
+    (re.compile(r"at step (\d+) its loss was behind the median"), "stopped at step {0}: behind the median"),
+)
+SHORT = 90  # characters a short reason keeps
+
+
+def clip(text: str, limit: int = SHORT) -> str:
+    """The first line of ``text``, cut at a word boundary to ``limit`` characters (``...`` marks a cut)."""
+    line = " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
+    if len(line) <= limit:
+        return line
+    return line[: limit - 3].rsplit(" ", 1)[0].rstrip(",;:") + "..."
+
+
+def short_reason(record: TrialRecord) -> str:
+    """How the trial ended, when it did not survive, in one short line (``stopped: first seed 0.167
+    > 1.2 x best 0.0545``, ``diverged at step 41 (seed 7): loss``, ``failed: ...``); a survivor's
+    search-time reason (``not raced``); else ""."""
+    if record.state is TrialState.PRUNED and record.divergence is not None:
+        first = record.divergence
+        race = ", a race seed" if first.phase == "race" else ""
+        return f"diverged at step {first.step} (seed {first.seed}{race}): {first.diverged_on or '?'}"
+    if record.state is TrialState.STOPPED:
+        for pattern, form in _STOPS:
+            found = pattern.search(record.reason)
+            if found:
+                return form.format(*found.groups())
+        return clip(f"stopped: {record.reason or 'by the pruner'}")
+    if record.state is TrialState.FAIL:
+        return clip(f"failed: {record.reason or '?'}")
+    return clip(record.reason)
+
+
+def why_not(record: TrialRecord, top: TrialRecord | None, race_seeds: int = 0) -> str:
+    """Why ``record`` is not the incumbent ``top``, in one short line ("" for the incumbent).
+
+    A trial that did not survive says how it ended (:func:`short_reason`); a survivor says what
+    the selection rule held against it: it did not learn, was not raced (the search's reason), fell
+    below the bar on fresh seeds, or has the higher validation loss.
+    """
+    if top is None or record.number == top.number:
+        return ""
+    if record.state is not TrialState.COMPLETE:
+        return short_reason(record)
+    value, v = record.value, record.verification
+    if record.learned is False:
+        return f"did not learn: val loss {_g(value)} not below {_g(record.init_val_loss)} at init"
+    if v is not None and not v.met:
+        return f"verified {v.survived}/{v.runs} (lower bound {v.rate_low:.2f}): below the bar {v.min_survival:g}"
+    if record.reason:
+        return short_reason(record)
+    if race_seeds and len(record.seeds) < race_seeds <= len(top.seeds):
+        return f"{_g(value)} on {len(record.seeds)} seeds; not raced to {race_seeds}"
+    if value is not None and top.value is not None and value > top.value:
+        text = f"val loss {_g(value)} > trial {top.number}'s {_g(top.value)}"
+    else:
+        text = f"val loss {_g(value)} on {len(record.seeds)} seeds"
+    return text + ("; not verified" if v is None and top.verification is not None else "")
+
+
+def _g(value: float | None) -> str:
+    return "?" if value is None else f"{value:.4g}"

@@ -15,11 +15,13 @@ from typing import Any
 import yaml
 from rich.table import Table
 
+from tuner.driver import trialrecord
 from tuner.driver.trialrecord import SeedStatus, TrialRecord
 from tuner.records import TrialState
 
 _MARK = {SeedStatus.DIVERGED: "x", SeedStatus.CANCELLED: "c", SeedStatus.FAILED: "f", SeedStatus.SURVIVED: ""}
-LEGEND = "steps survived per seed: x diverged, c cancelled (a sibling diverged or the pruner stopped it), f failed"
+LEGEND = ("steps survived per seed: x diverged, c cancelled (a sibling diverged), s stopped by the pruner, "
+          "f failed; * the incumbent (exported)")
 
 
 def short(value: Any) -> str:
@@ -42,14 +44,22 @@ def status_text(record: TrialRecord) -> str:
 
 
 def seeds_text(record: TrialRecord) -> str:
-    """How many seeds the trial ran (``8 (6 raced)`` when some were race seeds)."""
+    """How many seeds the trial ran (``8 (6 raced)`` when some were race seeds; ``1 (the others not
+    run)`` for a trial the pruner stopped after its first seed)."""
     count = str(len(record.seeds))
-    return f"{count} ({record.raced} raced)" if record.raced else count
+    if record.raced:
+        return f"{count} ({record.raced} raced)"
+    if record.state is TrialState.STOPPED and record.stopped_at is not None and record.stopped_at >= record.steps:
+        return f"{count} (the others not run)"
+    return count
 
 
 def steps_text(record: TrialRecord) -> str:
-    """``39x, 45c / 60``: steps survived per seed, marked by how the seed ended, and the budget."""
-    steps = ", ".join(f"{s.steps_survived}{_MARK[s.status]}" for s in record.seeds)
+    """``39x, 45c / 60``: steps survived per seed, marked by how the seed ended, and the budget; a
+    seed the pruner stopped is marked ``s``, not ``c``."""
+    stopped = record.state is TrialState.STOPPED
+    steps = ", ".join(f"{s.steps_survived}{'s' if stopped and s.status is SeedStatus.CANCELLED else _MARK[s.status]}"
+                      for s in record.seeds)
     return steps + (f" / {record.steps}" if record.steps else "")
 
 
@@ -64,7 +74,7 @@ def divergence_text(record: TrialRecord, cause: str | None = None) -> str:
 
 
 def verified_text(record: TrialRecord) -> str:
-    """``16/16 (>= 0.81)`` for a verified trial, ``*`` appended for the chosen one; "" otherwise."""
+    """``16/16 (>= 0.81)`` for a verified trial, ``*`` appended for the incumbent; "" otherwise."""
     v = record.verification
     text = "" if v is None else f"{v.survived}/{v.runs} (>= {v.rate_low:.2f})"
     return f"{text} *".strip() if record.chosen else text
@@ -81,12 +91,13 @@ def trials_table(records: Sequence[TrialRecord], keys: Sequence[str] | None,
     before the op the record names. The verified column shows only when a trial was verified.
     """
     causes = causes or {}
-    verified = any(r.verification is not None or r.chosen for r in records)
+    verified = any(r.verification is not None for r in records)
     table = Table(title="trials", caption=LEGEND if records else None)
     table.add_column("trial", overflow="fold")
     table.add_column("outcome", overflow="fold", ratio=1)
-    if verified:
-        table.add_column("verified", overflow="fold")
+    if verified or any(r.chosen for r in records):
+        table.add_column("verified" if verified else "best", overflow="fold")
+        verified = True
     table.add_column("config", overflow="fold", ratio=1)
     for r in records:
         table.add_row(str(r.number), outcome_text(r, causes.get(r.number)),
@@ -95,11 +106,38 @@ def trials_table(records: Sequence[TrialRecord], keys: Sequence[str] | None,
 
 
 def outcome_text(record: TrialRecord, cause: str | None = None) -> str:
-    """``diverged`` / ``seeds 2: 33x, 40c / 600`` / ``step 34: loss; iter_2/recompute_input/Log``, one per line."""
+    """``diverged`` / ``seeds 2: 33x, 40c / 600`` / ``step 34: loss; iter_2/recompute_input/Log``, one
+    per line; a stopped or failed trial's first line is its reason (``stopped: first seed 0.167 > 1.2 x
+    best 0.0545``); a survivor that is not the incumbent gets a last line saying why not."""
     val = "" if record.value is None or not math.isfinite(record.value) else f", val loss {record.value:.4g}"
-    lines = [status_text(record) + val, f"seeds {seeds_text(record)}: {steps_text(record)}"]
+    why = reason_text(record)
+    ended = record.state in (TrialState.STOPPED, TrialState.FAIL) and why  # "stopped: ...", "failed: ..."
+    lines = [why if ended else status_text(record) + val, f"seeds {seeds_text(record)}: {steps_text(record)}"]
     divergence = divergence_text(record, cause)
-    return "\n".join([*lines, divergence] if divergence else lines)
+    return "\n".join(line for line in (*lines, divergence, "" if divergence or ended else why) if line)
+
+
+def reason_text(record: TrialRecord) -> str:
+    """Why the trial lost, short: its joined ``why`` (:func:`tuner.driver.trialrecord.why_not`), else how
+    it ended (a record read without its study: :func:`tuner.driver.trialrecord.short_reason`)."""
+    if record.chosen:
+        return ""
+    return record.why or trialrecord.short_reason(record)
+
+
+def best_so_far(records: Sequence[TrialRecord], keys: Sequence[str] | None = None, race_seeds: int = 0) -> str:
+    """The incumbent as one line (``trial 4: survived, val_loss 0.0545, raced on 6 more seeds | ...``),
+    then, where the lowest validation loss is another trial, why that one is not it; ``-`` if none."""
+    found = trialrecord.incumbent(records, race_seeds=race_seeds)
+    if found is None:
+        return "-"
+    top = found[0]
+    text = describe(top, keys)
+    lowest = min((r for r in records if r.state is TrialState.COMPLETE and r.value is not None),
+                 key=lambda r: (r.value, r.number), default=None)
+    if lowest is not None and lowest.number != top.number:
+        text += f" (lowest val loss: trial {lowest.number}, {trialrecord.why_not(lowest, top, race_seeds)})"
+    return text
 
 
 def describe(record: TrialRecord, keys: Sequence[str] | None = None) -> str:
@@ -112,6 +150,8 @@ def describe(record: TrialRecord, keys: Sequence[str] | None = None) -> str:
             text += " (did not learn: not below its loss at init)"
         if record.raced:
             text += f", raced on {record.raced} more seeds"
+        if record.reason:  # why it was not raced on
+            text += f" ({trialrecord.short_reason(record)})"
     elif first is not None:
         detail = ", ".join(x for x in (first.diverged_on, first.op, f"seed {first.seed}") if x)
         text += f" at step {first.step} ({detail}{', a race seed' if first.phase == 'race' else ''})"
@@ -119,7 +159,7 @@ def describe(record: TrialRecord, keys: Sequence[str] | None = None) -> str:
                   and s.status is not SeedStatus.SURVIVED]
         text += f"; seed {'; seed '.join(others)}" if others else ""
     elif record.reason:
-        text += f": {record.reason.splitlines()[0][:120]}"
+        text = f"trial {record.number}: {trialrecord.short_reason(record)}"
     return text + " | " + knobs_text(record.config, keys)
 
 

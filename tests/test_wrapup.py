@@ -1,0 +1,51 @@
+"""The end of a launch: the exported trial with its evidence, and the commands and URLs that open it."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import optuna
+from rich.console import Console
+
+from tuner.driver.wrapup import print_best, study_id, where_to_look
+
+DOC = {
+    "config": {"learning_rate": 0.004},
+    "stability": {"steps": 600, "seeds": [1, 2, 3, 4, 5, 6, 7, 8], "diverged": False, "learned": True,
+                  "verified": {"seeds": list(range(16)), "steps": 1200, "survived": 16, "runs": 16,
+                               "min_survival": 0.8},
+                  "margin": {"lr_factor": 3.0}},
+    "study": {"name": "s", "trial": 4, "mlflow_run_id": "abc123"},
+}
+
+
+def test_the_end_names_the_exported_trial_its_evidence_and_where_it_was_written(tmp_path: Path) -> None:
+    buffer = io.StringIO()
+    print_best(Console(file=buffer, width=80), DOC, str(tmp_path / "best.yaml"))
+    lines = buffer.getvalue().splitlines()
+    assert lines[0] == ("best config: trial 4, verified 16/16 fresh seeds x 1200 steps, 95% lower bound 0.81 "
+                        ">= bar 0.8")  # one line, never wrapped at 80 columns
+    assert lines[1:3] == ["  survives 3x its learning rate", f"written to {tmp_path / 'best.yaml'}:"]
+    assert lines[3:5] == ["config:", "  learning_rate: 0.004"]
+
+
+def test_where_to_look_gives_both_uis_commands_and_urls_with_passwords_masked(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 't.db'}"
+    optuna.create_study(study_name="other", storage=storage)
+    optuna.create_study(study_name="s", storage=storage)
+    sid = study_id(storage, "s")
+    assert sid is not None and sid == optuna.storages.get_storage(storage).get_study_id_from_name("s") != \
+        study_id(storage, "other")
+    assert study_id(storage, "missing") is None  # a link is a convenience: no error
+    lines = where_to_look(DOC, "postgresql://u:secret@db/optuna", "http://u:hunter2@mlflow:5000", "7", sid)
+    assert lines == [
+        "see it in MLflow:",
+        "  mlflow ui --backend-store-uri 'http://u:***@mlflow:5000'",
+        "  then open http://127.0.0.1:5000/#/experiments/7/runs/abc123?workflowType=machine_learning",
+        "see it in optuna-dashboard:",
+        "  optuna-dashboard 'postgresql://u:***@db/optuna'",
+        f"  then open http://127.0.0.1:8080/dashboard/studies/{sid}/trials?numbers=4",
+    ]
+    untracked = where_to_look(DOC, storage, None, None, None)
+    assert untracked == ["see it in optuna-dashboard:", f"  optuna-dashboard {storage}"]  # no MLflow lines
