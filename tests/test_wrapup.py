@@ -49,3 +49,19 @@ def test_where_to_look_gives_both_uis_commands_and_urls_with_passwords_masked(tm
     ]
     untracked = where_to_look(DOC, storage, None, None, None)
     assert untracked == ["see it in optuna-dashboard:", f"  optuna-dashboard {storage}"]  # no MLflow lines
+
+
+def test_the_summary_marks_the_incumbent_and_counts_the_whole_study_saying_so(tmp_path: Path) -> None:
+    from tests.test_report import table_rows, verified_study
+    from tuner.driver.wrapup import print_summary
+
+    study = verified_study(f"sqlite:///{tmp_path / 't.db'}")  # 4 trials, trial 0 exported
+    buffer = io.StringIO()
+    print_summary(Console(file=buffer, width=100), study, {0, 1, 2, 3}, ["learning_rate"])
+    text = buffer.getvalue()
+    assert [n for n, row in table_rows(text).items() if "*" in row] == [0]
+    assert text.splitlines()[-1].startswith("4 trials finished: 3 survived, 1 diverged")
+    buffer = io.StringIO()
+    print_summary(Console(file=buffer, width=100), study, {2, 3}, ["learning_rate"])  # a continued study
+    assert sorted(table_rows(buffer.getvalue())) == [2, 3]
+    assert buffer.getvalue().splitlines()[-1].startswith("the study (earlier launches too): 4 trials finished")

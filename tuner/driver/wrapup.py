@@ -20,13 +20,15 @@ from tuner.config import redact
 
 def print_summary(console: Console, study: Any, numbers: set[int], keys: list[str]) -> None:
     """The trials table of this launch's trials (read back from the study: with their verification,
-    the incumbent's ``*`` and every other trial's reason), then the study's counts."""
+    the incumbent's ``*`` and every other trial's reason), then the study's counts (a continued study's
+    include its earlier launches' trials, and say so)."""
     from tuner.driver.trialrecord import Counts, study_records
     from tuner.driver.views import trials_table
 
     records = study_records(study)
     console.print(trials_table([r for r in records if r.number in numbers], keys))
-    console.print(Counts.of(records).line(), highlight=False, markup=False)
+    whole = "" if {r.number for r in records} <= numbers else "the study (earlier launches too): "
+    console.print(whole + Counts.of(records).line(), highlight=False, markup=False, soft_wrap=True)
 
 
 def evidence_text(doc: dict[str, Any]) -> str:
