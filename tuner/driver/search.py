@@ -2,7 +2,7 @@
 
 A trial is one config on K seeds, run in parallel (with ``--pruner first-seed``, the default: its first
 seed alone, then the others in parallel if it kept up; :class:`FirstSeedPruner`). How a trial ends
-(see README, "What a launch does"):
+(see docs/concepts.md):
 
 - every seed reached the budget: COMPLETE, with the validation loss averaged over seeds;
 - a seed went non-finite at step s: each sibling is cancelled once it has passed step s (or ended
