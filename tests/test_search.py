@@ -455,20 +455,24 @@ def test_first_seed_pruner_stops_a_first_seed_far_behind_at_the_same_step_and_a_
     assert diverged.state is TrialState.PRUNED and diverged.divergence_step in (10, 11) and len(diverged.seeds) == 1
 
 
-def test_first_seed_pruner_a_later_seed_diverging_before_the_first_seeds_last_report_is_told_at_its_step() -> None:
+@pytest.mark.parametrize("storage", ["memory", "sqlite"])  # the values written are taken back in each
+def test_first_seed_pruner_a_later_seed_diverging_before_the_first_seeds_last_report_is_told_at_its_step(
+        tmp_path: Path, storage: str) -> None:
     """The first seed survives all 200 steps (reported every 20); the second diverges at 130: Optuna's
     NaN is at 130, the step the record (and so MLflow's tags) give, and the trial has no value."""
     from tuner.driver.search import FirstSeedPruner
 
     executor = FakeExecutor(slots=1, at={spec_seeds(3)[1]: 130})
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0),
-                                pruner=FirstSeedPruner(min_step=40, max_step=100))
+                                pruner=FirstSeedPruner(min_step=40, max_step=100),
+                                storage=f"sqlite:///{tmp_path / 'o.db'}" if storage == "sqlite" else None)
     space = space_from({"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}}, "fake", KNOBS, "<test>")
     for lr in [*THREE_FINISHED, 10**-2.5]:
         study.enqueue_trial({"learning_rate": lr})
     budget = Budget(4, steps=200, seeds=2, report_every=20, prune_from=40)
     outcomes = {o.number: o for o in Search(study, space, "fake", executor, budget, stream=STREAM).run()}
     assert outcomes[3].state is TrialState.PRUNED
+    assert max(study.trials[2].intermediate_values) == 200  # a survivor keeps its values
     trial = study.trials[3]
     assert read(trial).divergence_step == 130 and read(trial).steps_survived == (200, 129)
     step, value = max(trial.intermediate_values.items())

@@ -11,7 +11,9 @@ at most every ``every`` seconds (its progress shows in Optuna's storage); all of
 written when something reads them: the pruner (before it decides on that trial) and the trial's
 end (before it is told). The values Optuna holds at the end are the same as with ``report``; TPE
 and the pruners read only finished trials' values, and the pruned trial's own. A trial stopped
-mid-run (Ctrl-C: told FAIL and queued again) keeps the values written so far.
+mid-run (Ctrl-C: told FAIL and queued again) keeps the values written so far. A diverged trial's
+values from its divergence step on, written while an earlier seed ran past it, are taken back
+before its NaN is reported at that step (:meth:`Reports.retract`).
 
 On an RDB storage (``RDBStorage``, also under Optuna's cache) the batch is one transaction that
 inserts the rows Optuna's own ``report`` would (Optuna's RDB models, 5.x); any other storage gets
@@ -24,6 +26,7 @@ case from the batching's start until 2026-12-05: ``--pruner`` did nothing on a S
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from typing import Any
@@ -76,6 +79,36 @@ class Reports:
             pending = {trial._trial_id: item} if item else {}
         self._write(pending)
 
+    def retract(self, trial: optuna.trial.Trial, step: int) -> int | None:
+        """Write ``trial``'s values before ``step`` and take back those from ``step`` on.
+
+        A diverged trial ends with NaN at its divergence step (tuner.driver.search), but a seed run
+        after its first ones (the deferred seeds of ``--pruner first-seed``, a race seed) may diverge
+        before a step the first ones reported. Optuna has no call that removes a value: on an RDB
+        storage the rows are deleted (Optuna's RDB models, 5.x), on the in-memory one its copy of the
+        trial is replaced, and the trial's own copy loses them too. Returns the last step from
+        ``step`` on still held where a storage could not take them back (None: none is left).
+        """
+        item = self._pending.get(trial._trial_id)
+        if item is not None:
+            for gone in [s for s in item[1] if s >= step]:
+                del item[1][gone]
+        self.flush(trial)
+        cached = getattr(trial, "_cached_frozen_trial", None)
+        if cached is None:
+            return None
+        late = [s for s in cached.intermediate_values if s >= step]
+        if not late:
+            return None
+        try:
+            _delete(trial, step)
+        except Exception as exc:  # a storage (or an Optuna) this does not know: the values stay
+            log.debug("intermediate values from step %d could not be taken back (%s)", step, exc)
+            return max(late)
+        for s in late:
+            del cached.intermediate_values[s]
+        return None
+
     def _write(self, pending: dict[int, tuple[optuna.trial.Trial, dict[int, float]]]) -> None:
         if not pending:
             return
@@ -104,6 +137,28 @@ def _seen(trial: optuna.trial.Trial, values: dict[int, float]) -> None:
     reads the trial through it (``Trial.should_prune``), and without them sees no step at all."""
     for step, value in values.items():
         trial._cached_frozen_trial.intermediate_values.setdefault(step, value)
+
+
+def _delete(trial: optuna.trial.Trial, step: int) -> None:
+    """Delete ``trial``'s stored values from ``step`` on (RDB or in-memory storage; else raise)."""
+    storage = trial.study._storage
+    backend = _rdb(storage)
+    if backend is not None:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        value_model = models.TrialIntermediateValueModel
+        with _create_scoped_session(backend.scoped_session, True) as session:
+            session.query(value_model).filter(value_model.trial_id == trial._trial_id,
+                                              value_model.step >= step).delete(synchronize_session=False)
+        return
+    if isinstance(storage, optuna.storages.InMemoryStorage):
+        with storage._lock:
+            frozen = copy.copy(storage._get_trial(trial._trial_id))
+            frozen.intermediate_values = {s: v for s, v in frozen.intermediate_values.items() if s < step}
+            storage._set_trial(trial._trial_id, frozen)
+        return
+    raise TypeError(f"{type(storage).__name__} cannot take back intermediate values")
 
 
 def _rdb(storage: Any) -> Any:

@@ -29,7 +29,6 @@ trial's record holds nothing a callback made (its MLflow run is found by its tag
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import statistics
@@ -139,7 +138,6 @@ class _Trial:
     earlier: dict[int, RunRecord] = field(default_factory=dict)  # seed -> final record, earlier phases
     losses: dict[int, dict[int, float]] = field(default_factory=dict)  # step -> seed -> loss
     reported: set[int] = field(default_factory=set)
-    values: dict[int, float] = field(default_factory=dict)  # step -> mean loss, written when the trial ends
     reached: dict[int, int] = field(default_factory=dict)  # seed -> last step it reported, this phase
     diverged_at: int | None = None  # the earliest divergence step seen in this phase
     cancelled: bool = False
@@ -323,24 +321,13 @@ class Search:
         loss = record.metrics.get("loss_mean", record.loss)
         at_step[record.seed] = loss if loss is not None else float("nan")
         if len(at_step) == len(active.seeds) and record.step not in active.reported:
-            active.values[record.step] = statistics.fmean(at_step.values())
+            self._reports.add(active.trial, record.step, statistics.fmean(at_step.values()))
             active.reported.add(record.step)
             del active.losses[record.step]
-            if 0 < self.budget.prune_from <= record.step < self.budget.steps and self._should_prune(active):
-                self._stop(active, record.step)
-
-    def _should_prune(self, active: _Trial) -> bool:
-        """The pruner's answer on the trial as Optuna holds it plus the values the search keeps.
-
-        A trial's values are written only when it ends (:meth:`_finish`): a seed run later (the
-        deferred seeds of ``--pruner first-seed``, a race) may diverge before a step its first
-        seeds reported, and Optuna keeps every value written, so NaN could then only follow the
-        last one, at a step no seed diverged at. ``Trial.should_prune`` is this call on Optuna's
-        cached copy of the trial (Optuna 5; the same bet as tuner.driver.intermediate).
-        """
-        frozen = copy.copy(active.trial._get_latest_trial())
-        frozen.intermediate_values = dict(active.values)
-        return self.study.pruner.prune(self.study, frozen)
+            if 0 < self.budget.prune_from <= record.step < self.budget.steps:
+                self._reports.flush(active.trial)  # the pruner reads the trial's values from the storage
+                if active.trial.should_prune():
+                    self._stop(active, record.step)
 
     def _stop(self, active: _Trial, step: int) -> None:
         """The pruner found this finite trial behind: stop its runs (it is not a divergence)."""
@@ -448,21 +435,24 @@ class Search:
             cb.on_trial_complete(outcome)
 
     def _report_values(self, active: _Trial, outcome: TrialOutcome) -> None:
-        """Write the trial's values in one batch; a diverged trial's end at its divergence step.
+        """Write the trial's values; a diverged trial's end with NaN at its divergence step.
 
-        A diverged trial gets its values before the step its earliest seed diverged at, then NaN
-        at that step: the step its record and MLflow tags give. TPE ranks a pruned trial by its
-        last reported step, so by how long it survived, and Optuna gives a PRUNED trial whose last
-        value is NaN no value, so a diverged trial's training loss is not shown as its validation
-        loss (optuna-dashboard's history and slice plots draw trials' values on the val_loss axis).
+        The NaN goes at the step its earliest seed diverged at: the step its record and MLflow tags
+        give. A seed run after the first ones (the deferred seeds of ``--pruner first-seed``, a race
+        seed) may diverge before a step those reported: their values from that step on are taken
+        back first (:meth:`~tuner.driver.intermediate.Reports.retract`), so the NaN is the last
+        value (where a storage cannot take them back, it goes after them). TPE ranks a pruned trial
+        by its last reported step, so by how long it survived, and Optuna gives a PRUNED trial whose
+        last value is NaN no value, so a diverged trial's training loss is not shown as its
+        validation loss (optuna-dashboard's history and slice plots draw trials' values on the
+        val_loss axis).
         """
         first = outcome.divergence if outcome.state is TrialState.PRUNED else None
-        for step, value in sorted(active.values.items()):
-            if first is None or step < first.step:
-                self._reports.add(active.trial, step, value)
-        if first is not None:
-            self._reports.add(active.trial, first.step, float("nan"))
-        self._reports.flush(active.trial)
+        if first is None:
+            self._reports.flush(active.trial)
+            return
+        kept = self._reports.retract(active.trial, first.step)  # and the rest written
+        active.trial.report(float("nan"), first.step if kept is None else kept + 1)
 
 
 @dataclass
