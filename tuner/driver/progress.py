@@ -1,55 +1,90 @@
-"""The terminal view of a launch: live on a terminal, one line per trial otherwise.
+"""The terminal view of a launch: live on a terminal, one line per event otherwise.
 
 It is a Callback of ``tuner.driver.search`` and shows the trials running (each seed's ``step/total``),
 how many survived, diverged (at which step, on what, at which op) and failed, the elapsed time
-and an estimate of what is left, and the best so far; :func:`summary_table` prints the table at
-the end. Finished trials are shown from their :class:`~tuner.driver.trialrecord.TrialRecord`, as
+and what is left (``tuner.driver.eta``: the steps still to train, search, races, verification and
+margin, at this launch's measured speed), and the best so far; :func:`summary_table` prints the table
+at the end. Finished trials are shown from their :class:`~tuner.driver.trialrecord.TrialRecord`, as
 ``tuner report`` shows them (``tuner.driver.views``).
+
+Piped or redirected (stdout not a terminal: :func:`output_console`), there is no live view, and each
+event is one line that starts with its marker: ``[3/30 1m05s elapsed, ~2m10s left] trial 7: ...`` for
+a trial, ``[verify 5/16 ...] trial 4 seed S: ...`` for a verification or margin run, ``  trial 4
+race: ...`` for a race level; lines are never wrapped, so a log can be read and grepped by line.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from tuner.driver import trialrecord, views
+from tuner.driver.eta import Eta, Work
 from tuner.driver.trialrecord import TrialRecord
-from tuner.records import Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
+from tuner.records import Phase, RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
+
+PIPED_WIDTH = 120  # piped or redirected: the width tables are laid out in (their cells wrap); lines never wrap
+LIVE_REFRESH = 2  # redraws a second of the live view: the clock moves, and a terminal log stays small
+_RUN_LINES = (Phase.VERIFY, Phase.MARGIN)  # phases whose runs get a line each when not live
+
+
+def output_console(**kwargs: Any) -> Console:
+    """The console of a command's own output (``kwargs``: rich's ``Console`` arguments).
+
+    On a terminal, rich's own: the terminal's width, colours, a live view. Piped or redirected,
+    every line is written whole (``soft_wrap``: never wrapped at 80 columns mid-phrase, never
+    cropped) and tables are laid out in :data:`PIPED_WIDTH` columns whatever width the terminal
+    behind the pipe has, so a log reads the same everywhere.
+    """
+    console = Console(**kwargs)
+    if console.is_terminal:
+        return console
+    return Console(**{"width": PIPED_WIDTH, "soft_wrap": True, **kwargs})
 
 
 class ProgressView:
     """Live progress of a launch (see the module docs).
 
     Args:
-        total: trials this launch runs.
-        live: redraw in place (default: when stdout is a terminal); else one line per trial.
-        console: where to print.
+        total: trials this launch runs (0: a verification alone, ``tuner verify``).
+        live: redraw in place; None: when the console is a terminal. Never when it is not (a live
+            view written into a log file is megabytes of redraws).
+        console: where to print (default: :func:`output_console`).
         keys: the knobs shown per trial (the searched ones; None: all).
-        steps: the steps of a search run (for ``step/total`` and the estimate of what is left).
+        steps: the steps of a search run (for ``step/total``).
+        work: what the launch trains, for the estimate of what is left (default: ``total`` trials
+            of one seed x ``steps``, nothing after the search).
+        label: how a trial's number is named in its lines (``tuner verify``: the config file).
+        clock: seconds, monotonic (a fake one in the tests).
     """
 
     def __init__(self, total: int, live: bool | None = None, console: Console | None = None,
-                 keys: Sequence[str] | None = None, steps: int = 0) -> None:
-        self.console = console or Console(stderr=False)
-        self.total, self.keys, self.steps = total, keys, steps
-        self.live_mode = sys.stdout.isatty() if live is None else live
-        self._running: dict[int, dict[int, int]] = {}  # trial -> seed -> last step
+                 keys: Sequence[str] | None = None, steps: int = 0, work: Work | None = None,
+                 label: Callable[[int], str] = lambda number: f"trial {number}",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.console = console or output_console()
+        self.total, self.keys, self.steps, self.label = total, keys, steps, label
+        self.live_mode = live is not False and self.console.is_terminal
+        self.eta = Eta(work or Work(total, steps), clock)
+        self._clock = clock
+        self._running: dict[int, dict[int, int]] = {}  # trial -> seed -> last step, runs in flight
         self._phase: dict[int, str] = {}  # trial -> the phase its runs are in
+        self._runs: dict[int, list[int]] = {}  # trial -> [runs ended, runs] of its verification or margin
         self.done: list[TrialRecord] = []
         self._live: Live | None = None
-        self._started = time.monotonic()
+        self._started = clock()
 
     def __enter__(self) -> ProgressView:
-        self._started = time.monotonic()
+        self._started = self._clock()
         if self.live_mode:
-            # redrawn 4 times a second from the current state, so the clock moves between records
-            self._live = Live(console=self.console, refresh_per_second=4, get_renderable=self._render)
+            # redrawn from the current state a few times a second (so the clock moves), never per record
+            self._live = Live(console=self.console, refresh_per_second=LIVE_REFRESH, get_renderable=self._render)
             self._live.__enter__()
         return self
 
@@ -61,51 +96,62 @@ class ProgressView:
     def on_trial_start(self, number: int, config: TrainConfig, seeds: Sequence[int]) -> None:
         """Show the trial as running."""
         self._running[number] = {}
-        self._refresh()
+        self.eta.trial_started(number)
 
     def on_trial_result(self, record: RunRecord) -> None:
-        """Track each seed's step."""
-        if record.trial in self._running and not record.final:
-            self._running[record.trial][record.seed] = record.step
-            self._refresh()
+        """Track each seed's step; a line per verification or margin run that ended, when not live."""
+        self.eta.record(record)
+        running = self._running.get(record.trial)
+        if running is None:
+            return
+        if not record.final:
+            running[record.seed] = record.step
+            return
+        running.pop(record.seed, None)
+        counts = self._runs.get(record.trial)
+        if counts is not None and record.phase in _RUN_LINES:
+            counts[0] += 1
+            if self._live is None and record.status is not RunStatus.CANCELLED:
+                self._print(f"[{record.phase.value} {counts[0]}/{counts[1]} {self.clock()}] "
+                            f"{self.label(record.trial)} seed {record.seed}: {run_line(record)}")
 
     def on_phase_start(self, number: int, phase: Phase, config: TrainConfig, seeds: Sequence[int]) -> None:
         """Show the config's race, verification or margin runs as running."""
         self._running[number] = {}
         self._phase[number] = phase.value
-        self._refresh()
+        self._runs[number] = [0, len(seeds)]
+        self.eta.phase_started(number, phase, len(seeds))
 
     def on_phase_end(self, outcome: TrialOutcome) -> None:
         """Print what the phase's runs gave, when not live."""
         self._running.pop(outcome.number, None)
         self._phase.pop(outcome.number, None)
+        self._runs.pop(outcome.number, None)
+        self.eta.phase_ended(outcome)
         if self._live is None:
-            line = f"  trial {outcome.number} {outcome.phase.value}: {phase_line(outcome)}"
-            self.console.print(line, highlight=False, markup=False)
-        self._refresh()
+            self._print(f"  {self.label(outcome.number)} {outcome.phase.value}: {phase_line(outcome)}")
 
     def say(self, text: str) -> None:
         """A line about the launch (above the live view when live)."""
-        self.console.print(text, highlight=False, markup=False)
+        self._print(text)
 
     def on_trial_complete(self, outcome: TrialOutcome) -> None:
         """Move the trial to the finished counts; print a line when not live."""
         self._running.pop(outcome.number, None)
         self._phase.pop(outcome.number, None)
+        self.eta.trial_finished(outcome.number)
         record = TrialRecord.from_outcome(outcome, self.steps)
         self.done.append(record)
         if self._live is None:
-            line = f"[{len(self.done)}/{self.total} {self.clock()}] {views.describe(record, self.keys)}"
-            self.console.print(line, highlight=False, markup=False)
-        self._refresh()
+            self._print(f"[{len(self.done)}/{self.total} {self.clock()}] {views.describe(record, self.keys)}")
 
     def clock(self) -> str:
-        """``1m05s elapsed, ~3m20s left``: the time so far, and an estimate from the trials' progress."""
-        elapsed = time.monotonic() - self._started
-        done = self.progress()
-        text = f"{_duration(elapsed)} elapsed"
-        if 0 < done < self.total:
-            text += f", ~{_duration(elapsed * (self.total - done) / done)} left"
+        """``1m05s elapsed, ~3m20s left``: the time so far and the estimate of what is left
+        (``tuner.driver.eta``; not shown before a run has trained measurably, nor once nothing is left)."""
+        text = f"{_duration(self._clock() - self._started)} elapsed"
+        left = self.eta.left()
+        if left is not None and left >= 1.0:
+            text += f", ~{_duration(left)} left"
         return text
 
     def progress(self) -> float:
@@ -118,11 +164,12 @@ class ProgressView:
                     running += sum(min(s, self.steps) for s in seeds.values()) / (len(seeds) * self.steps)
         return min(float(self.total), len(self.done) + running)
 
-    def _refresh(self) -> None:
-        if self._live is not None:
-            self._live.refresh()
+    def _print(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False)
 
-    def _render(self) -> Table:
+    def _render(self) -> RenderableType:
+        if not self.total:
+            return self._render_runs()
         done = list(self.done)
         counts = {state: sum(r.state is state for r in done) for state in TrialState}
         table = Table(title=f"tuner: {len(done)}/{self.total} trials finished, {self.clock()}", show_header=False)
@@ -130,15 +177,35 @@ class ProgressView:
         table.add_row("diverged", str(counts[TrialState.PRUNED]))
         table.add_row("stopped (behind)", str(counts[TrialState.STOPPED]))
         table.add_row("failed", str(counts[TrialState.FAIL]))
-        total = f"/{self.steps}" if self.steps else ""
         for number, seeds in sorted(dict(self._running).items()):
             phase = self._phase.get(number, "search")
-            steps = ", ".join(f"seed {s}: {step}{total if phase == 'search' else ''}"
-                              for s, step in sorted(seeds.items())) or "starting"
-            table.add_row(f"trial {number} {phase}", steps)
+            table.add_row(f"{self.label(number)} {phase}", self._seeds_text(number, phase, seeds))
         best = trialrecord.best(list(self.done))
         table.add_row("best so far", views.describe(best[0], self.keys) if best else "-")
         return table
+
+    def _render_runs(self) -> Text:
+        """The live line of a verification alone: its runs ended, those in flight, the clock."""
+        parts = [f"{self.label(number)} {self._phase.get(number, '')}: {self._seeds_text(number, '', seeds)}"
+                 for number, seeds in sorted(dict(self._running).items())]
+        return Text(f"{'; '.join(parts) or 'starting'} | {self.clock()}")
+
+    def _seeds_text(self, number: int, phase: str, seeds: dict[int, int]) -> str:
+        total = f"/{self.steps}" if self.steps and phase == "search" else ""
+        text = ", ".join(f"seed {s}: {step}{total}" for s, step in sorted(dict(seeds).items())) or "starting"
+        counts = self._runs.get(number)
+        return f"{counts[0]}/{counts[1]} runs ended; {text}" if counts else text
+
+
+def run_line(record: RunRecord) -> str:
+    """``survived, val_loss 0.041``, ``diverged at step 212 (loss)`` or ``failed: ...``: how a run ended."""
+    if record.status is RunStatus.SURVIVED:
+        return "survived" + (f", val_loss {record.val_loss:.4g}" if record.val_loss is not None else "")
+    if record.status is RunStatus.DIVERGED:
+        return f"diverged at step {record.step}" + (f" ({record.cause})" if record.cause else "")
+    if record.status is RunStatus.FAILED:
+        return "failed: " + " ".join((record.error or "").split())
+    return f"{record.status.value} at step {record.steps_survived}"
 
 
 def phase_line(outcome: TrialOutcome) -> str:
