@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import statistics
 from collections import deque
 from collections.abc import Sequence
@@ -375,6 +376,9 @@ def test_search_races_a_challenger_past_a_raced_incumbent_only_when_better_by_mo
     search.run()
     raced = [len(read(t).seeds) for t in search.study.trials]
     assert raced == [8, 2, 8]  # the close challenger is better on its two seeds, but within the noise
+    said = [read(t).reason for t in search.study.trials]  # why it was not raced, in its record (issue 28)
+    assert said[0] == said[2] == "" and re.fullmatch(
+        r"0\.\d+ on 2 seeds is within 1 standard error of trial [02]'s 0\.\d+ on 8 seeds; not raced", said[1])
 
 
 def test_search_a_slower_seed_that_diverges_first_still_records_the_earliest_divergence() -> None:

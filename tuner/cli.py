@@ -64,7 +64,8 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--allow-bad-data", action="store_true", default=None,
                    help="skip samples the data preflight flags instead of stopping")
     p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
-                   help="live terminal view (default: when stdout is a terminal)")
+                   help="live terminal view (default: on when stdout is a terminal; never when it is piped or "
+                        "redirected: one line per event then)")
     p.add_argument("--race-seeds", type=int,
                    help="seeds a trial that could become the best must survive, doubling from --seeds; "
                         "at or below --seeds: no racing (default 8)")

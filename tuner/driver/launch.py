@@ -11,7 +11,6 @@ best_config.yaml names the rule that chose the exported one.
 from __future__ import annotations
 
 import logging
-import math
 import shlex
 import threading
 import time
@@ -19,11 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from tuner.config import LaunchConfig, prepare_environment, redact
 from tuner.driver.capacity import Watched
 from tuner.driver.liveness import Liveness, counted
+from tuner.driver.progress import output_console
 from tuner.driver.targets import check_targets
 from tuner.errors import ConfigError, Interrupted, OutputError
 from tuner.masking import mask
@@ -31,7 +29,7 @@ from tuner.models import Model, load_model, runtime_env
 from tuner.spaces import SearchSpace, default_space, load_space
 
 log = logging.getLogger(__name__)
-console = Console()
+console = output_console()  # piped or redirected: every line whole, no live view (tuner.driver.progress)
 METRIC = "val_loss"  # the objective's name in Optuna: a COMPLETE trial's validation loss, mean over seeds
 
 
@@ -56,10 +54,11 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
 
 
 def _launch(config: LaunchConfig) -> dict[str, Any]:
-    from tuner.driver import dashboard, signals, studyrecord
+    from tuner.driver import dashboard, signals, studyrecord, wrapup
+    from tuner.driver.eta import Work
     from tuner.driver.executor import RayExecutor
     from tuner.driver.export import best_config
-    from tuner.driver.progress import ProgressView, summary_table
+    from tuner.driver.progress import ProgressView
     from tuner.driver.search import Budget, Search, prune_start
     from tuner.driver.verify import Runner, verify_study
 
@@ -91,8 +90,10 @@ def _launch(config: LaunchConfig) -> dict[str, Any]:
         stream = studyrecord.seed_stream(study, config.seed)
         budget = Budget(config.trials, config.steps, config.seeds, config.report_every, config.threads,
                         race_seeds=config.race_seeds, prune_from=prune_start(config.pruner, config.steps))
-        with ProgressView(todo, live=config.live, console=console, keys=shown_knobs(space),
-                          steps=config.steps) as view:
+        studyrecord.save_race_seeds(study, budget.race_seeds if budget.race_levels() else 0)  # the export's pool
+        with ProgressView(todo, live=config.live, console=console, keys=shown_knobs(space), steps=config.steps,
+                          work=Work.of_launch(config, todo, executor.slots),
+                          race_seeds=budget.race_seeds if budget.race_levels() else 0) as view:
             callbacks = [c for c in (tracker, view, dashboard.Notes(study)) if c is not None]
             search = Search(study, space, config.model, executor, budget, callbacks, skip=skip, stream=stream,
                             liveness=liveness)
@@ -103,7 +104,7 @@ def _launch(config: LaunchConfig) -> dict[str, Any]:
             if config.verify_seeds > 0:
                 raced = budget.race_seeds if budget.race_levels() else 0
                 verify_study(study, runner, verification_plan(config), stream, raced, say=view.say)
-                dashboard.refresh(study)
+            dashboard.refresh(study)  # the trials' notes and the study's note name the exported trial
         # the cluster is not needed any more: it shuts down while the results are written
         closing = threading.Thread(target=executor.close, name="tuner-ray-shutdown")
         closing.start()
@@ -114,11 +115,12 @@ def _launch(config: LaunchConfig) -> dict[str, Any]:
             tracker.set_launch_metrics(_compute_metrics(search.compute))
             tracker.flush()
             runs = tracker.runs()  # asked once the search has ended: the search never asks the tracker
-        console.print(summary_table(search.outcomes, shown_knobs(space), config.steps))
+        wrapup.print_summary(console, study, {o.number for o in search.outcomes}, shown_knobs(space))
         doc = best_config(study, config.storage, config.steps, config.model, runs)
         write_answer(config, doc, study.study_name)
         _print_best(doc, config.out)
         plots = write_study_plots(study, config.out, config.storage)
+        wrapup.print_where_to_look(console, doc, config, tracker.experiment_id if tracker else None)
         if tracker:
             tracker.close("FINISHED", _study_summary(study), artifacts=(config.out, *plots))
         return doc
@@ -379,39 +381,22 @@ def _say(text: str) -> None:
 
 
 def _study_summary(study: Any) -> dict[str, float]:
-    from tuner.driver.trialrecord import study_records
-    from tuner.records import TrialState
+    """The launch run's closing metrics: the study's counts (``tuner.driver.trialrecord.Counts``)."""
+    from tuner.driver.trialrecord import Counts, study_records
 
-    finished = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-    pruned = sum(r.state is TrialState.PRUNED for r in study_records(study))
+    counts = Counts.of(study_records(study))
     return {
-        "trials_finished": float(len(finished)),
-        "diverged_fraction": pruned / len(finished) if finished else math.nan,
+        "trials_finished": float(counts.finished), "trials_survived": float(counts.survived),
+        "trials_diverged": float(counts.diverged), "trials_stopped": float(counts.stopped),
+        "trials_failed": float(counts.failed), "diverged_fraction": counts.diverged_fraction,
         "finished_at": time.time(),
     }
 
 
 def _print_best(doc: dict[str, Any], out: str) -> None:
-    from tuner.driver.evidence import Verification
-    from tuner.driver.views import best_yaml
+    from tuner.driver.wrapup import print_best
 
-    stability = doc["stability"]
-    verified = stability.get("verified")
-    if stability["diverged"]:
-        verdict = "no trial survived: NOT stable"
-    elif stability.get("learned") is False:
-        verdict = "survived but did not learn: NOT a success"
-    elif verified is None:
-        verdict = "survived its search seeds; not verified on fresh seeds"
-    else:
-        v = Verification.from_dict(verified)
-        verdict = f"{v.text()} on fresh seeds x {v.steps} steps: " + (
-            f"meets the bar {v.min_survival:g}" if v.met else f"does NOT meet the bar {v.min_survival:g}")
-    margin = stability.get("margin")
-    if margin:
-        verdict += f"; survives {margin['lr_factor']:g}x its learning rate"
-    console.print(f"best config ({verdict}) written to {Path(out).resolve()}:", highlight=False, markup=False)
-    console.print(best_yaml({"config": doc["config"]}), highlight=False, markup=False)
+    print_best(console, doc, out)
 
 
 def quiet_third_party() -> None:
@@ -419,10 +404,13 @@ def quiet_third_party() -> None:
     launch: its INFO lines, and its ERROR records with their tracebacks when its store fails (51 of
     them for a full disk); tuner says in one line what could not be logged
     (tuner.driver.mlflow_sender). MLflow sets its loggers' level from ``MLFLOW_LOGGING_LEVEL`` when
-    it is imported."""
+    it is imported. Nor MLflow's "View run ..." lines: a pair for each run that ends over HTTP."""
     import os
 
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "CRITICAL")
+    # MLflow 3.17 writes "View run ... at: URL" / "View experiment at: URL" to stdout itself (not through
+    # a logger) whenever a run over HTTP ends (TrackingServiceClient._log_url); this is its own switch
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
@@ -507,6 +495,10 @@ def show_finished(study: Any, config: LaunchConfig) -> dict[str, Any]:
     doc = best_config(study, config.storage, config.steps, config.model, runs)
     write_answer(config, doc, study.study_name)
     _print_best(doc, config.out)
+    from tuner.driver import wrapup
+
+    wrapup.print_where_to_look(console, doc, config, wrapup.stored_experiment(
+        None if config.no_tracking else config.tracking_uri, config.study_name))
     console.print(f"to run more trials, give a higher total: --trials {held + config.trials} runs "
                   f"{config.trials} more; `python -m tuner report --study {study.study_name}` shows them all",
                   highlight=False, markup=False)

@@ -3,9 +3,10 @@
 It is a Callback of ``tuner.driver.search`` and shows the trials running (each seed's ``step/total``),
 how many survived, diverged (at which step, on what, at which op) and failed, the elapsed time
 and what is left (``tuner.driver.eta``: the steps still to train, search, races, verification and
-margin, at this launch's measured speed), and the best so far; :func:`summary_table` prints the table
-at the end. Finished trials are shown from their :class:`~tuner.driver.trialrecord.TrialRecord`, as
-``tuner report`` shows them (``tuner.driver.views``).
+margin, at this launch's measured speed), and the best so far (the incumbent:
+``tuner.driver.trialrecord.incumbent``). The table at the end is ``tuner.driver.wrapup``'s.
+Finished trials are shown from their :class:`~tuner.driver.trialrecord.TrialRecord`, as ``tuner
+report`` shows them (``tuner.driver.views``).
 
 Piped or redirected (stdout not a terminal: :func:`output_console`), there is no live view, and each
 event is one line that starts with its marker: ``[3/30 1m05s elapsed, ~2m10s left] trial 7: ...`` for
@@ -16,7 +17,7 @@ race: ...`` for a race level; lines are never wrapped, so a log can be read and 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -27,7 +28,7 @@ from rich.text import Text
 from tuner.driver import trialrecord, views
 from tuner.driver.eta import Eta, Work
 from tuner.driver.trialrecord import TrialRecord
-from tuner.records import Phase, RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
+from tuner.records import Phase, RunRecord, RunStatus, TrainConfig, TrialOutcome
 
 PIPED_WIDTH = 120  # piped or redirected: the width tables are laid out in (their cells wrap); lines never wrap
 LIVE_REFRESH = 2  # redraws a second of the live view: the clock moves, and a terminal log stays small
@@ -62,13 +63,16 @@ class ProgressView:
             of one seed x ``steps``, nothing after the search).
         label: how a trial's number is named in its lines (``tuner verify``: the config file).
         clock: seconds, monotonic (a fake one in the tests).
+        race_seeds: the launch's race target (0: no racing): the incumbent, "best so far", is the
+            trial the export would pick now (``tuner.driver.trialrecord.incumbent``).
     """
 
     def __init__(self, total: int, live: bool | None = None, console: Console | None = None,
                  keys: Sequence[str] | None = None, steps: int = 0, work: Work | None = None,
                  label: Callable[[int], str] = lambda number: f"trial {number}",
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, race_seeds: int = 0) -> None:
         self.console = console or output_console()
+        self.race_seeds = race_seeds  # seeds a trial must survive to be the incumbent (trialrecord.incumbent)
         self.total, self.keys, self.steps, self.label = total, keys, steps, label
         self.live_mode = live is not False and self.console.is_terminal
         self.eta = Eta(work or Work(total, steps), clock)
@@ -171,17 +175,16 @@ class ProgressView:
         if not self.total:
             return self._render_runs()
         done = list(self.done)
-        counts = {state: sum(r.state is state for r in done) for state in TrialState}
-        table = Table(title=f"tuner: {len(done)}/{self.total} trials finished, {self.clock()}", show_header=False)
-        table.add_row("survived", str(counts[TrialState.COMPLETE]))
-        table.add_row("diverged", str(counts[TrialState.PRUNED]))
-        table.add_row("stopped (behind)", str(counts[TrialState.STOPPED]))
-        table.add_row("failed", str(counts[TrialState.FAIL]))
+        counts = trialrecord.Counts.of(done)  # the one definition every view uses
+        table = Table(title=f"tuner: {counts.finished}/{self.total} trials finished, {self.clock()}", show_header=False)
+        table.add_row("survived", str(counts.survived))
+        table.add_row("diverged", str(counts.diverged))
+        table.add_row("stopped (behind)", str(counts.stopped))
+        table.add_row("failed", str(counts.failed))
         for number, seeds in sorted(dict(self._running).items()):
             phase = self._phase.get(number, "search")
             table.add_row(f"{self.label(number)} {phase}", self._seeds_text(number, phase, seeds))
-        best = trialrecord.best(list(self.done))
-        table.add_row("best so far", views.describe(best[0], self.keys) if best else "-")
+        table.add_row("best so far", views.best_so_far(done, self.keys, self.race_seeds))
         return table
 
     def _render_runs(self) -> Text:
@@ -221,12 +224,6 @@ def phase_line(outcome: TrialOutcome) -> str:
     if outcome.value is not None:
         text += f", val_loss {outcome.value:.4g}"
     return text
-
-
-def summary_table(outcomes: Iterable[TrialOutcome], keys: Sequence[str] | None = None, steps: int = 0) -> Table:
-    """The trials of this launch as ``tuner report`` shows them (``tuner.driver.views.trials_table``)."""
-    records = [TrialRecord.from_outcome(o, steps) for o in sorted(outcomes, key=lambda o: o.number)]
-    return views.trials_table(records, keys)
 
 
 def _duration(seconds: float) -> str:

@@ -16,12 +16,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
 from tuner.config import env_tracking_uri, redact, storage_url
 from tuner.driver import mlflow_runs, studyrecord, trialrecord
 from tuner.driver.evidence import MARGIN_FACTORS, Margin
 from tuner.driver.plots import write_plots
+from tuner.driver.progress import output_console
 from tuner.driver.targets import check_sqlite_intact
 from tuner.driver.trialrecord import Counts, TrialRecord, varying
 from tuner.driver.views import trials_table
@@ -34,7 +33,7 @@ DEFAULT_TRACKING = "sqlite:///mlflow.db"
 
 def run_report(args: argparse.Namespace) -> int:
     """Print the table of ``args.study`` and write its plots into ``args.out_dir``."""
-    console = Console(width=None if Console().is_terminal else 120)
+    console = output_console()  # piped: whole lines, tables at 120 columns (tuner.driver.progress)
     args.study = args.study or study_name(getattr(args, "model", None) or "iterated_mlp")
     args.storage = storage_url(args.storage)  # --storage, else $TUNER_STORAGE, else launch's default
     uri = tracking_uri(args)

@@ -396,7 +396,21 @@ class Search:
         elif level is not None and all(n in self._racing for n in better):
             self._waiting[number] = outcome  # behind trials still racing: it may lead once they fall out
         else:
+            if level is not None:  # why it was not raced on, in the record (tuner.driver.trialrecord.why_not)
+                leader = min(better, key=lambda n: self._standing[n][1])
+                outcome = replace(outcome, reason=self._not_raced(outcome, leader))
             self._finish(active, outcome)
+
+    def _not_raced(self, outcome: TrialOutcome, leader: int) -> str:
+        """``0.0473 on 2 seeds is within 1 standard error of trial 4's 0.0545 on 8 seeds; not raced``, or
+        ``behind trial 4's 0.0545 on 8 seeds; not raced``."""
+        seeds, value = self._standing[leader]
+        mine = f"{outcome.value:.4g} on {len(outcome.seeds)} seeds"
+        theirs = f"trial {leader}'s {value:.4g} on {seeds} seeds"
+        further = " further" if len(outcome.seeds) > self.budget.seeds else ""
+        if outcome.value is not None and value > outcome.value:
+            return f"{mine} is within {RACE_Z:g} standard error of {theirs}; not raced{further}"
+        return f"behind {theirs}; not raced{further}"
 
     def _noise(self, incumbent: int, seeds: int, have: int) -> float:
         """How far a trial on ``have`` seeds must beat ``incumbent`` (on ``seeds``) to race past it:

@@ -142,20 +142,17 @@ def lr_margin(runner: Runner, number: int, config: TrainConfig, base: Verificati
 
 
 def candidates(study: Any, race_seeds: int) -> list[tuple[int, float, TrainConfig]]:
-    """The configs that may be exported, best validation loss first: COMPLETE trials that learned
-    and (when racing) survived ``race_seeds`` seeds; if no trial was raced that far, every
-    COMPLETE trial that learned."""
+    """The configs that may be exported, best validation loss first (``tuner.driver.trialrecord.candidates``:
+    the selection rule's pool, the same the incumbent is drawn from)."""
     import optuna
 
+    from tuner.driver.trialrecord import candidates as pool
     from tuner.driver.trialrecord import read
     from tuner.spaces import config_from_flat
 
-    done = [(t, r) for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-            if t.value is not None and (r := read(t)) is not None and r.learned is not False]
-    raced = [(t, r) for t, r in done if len(r.seeds) >= race_seeds]
-    pool = raced or done
-    pool.sort(key=lambda tr: (tr[0].value, tr[0].number))
-    return [(t.number, float(t.value), config_from_flat(r.config)) for t, r in pool]
+    done = [r for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if (r := read(t)) is not None]
+    return [(r.number, float(r.value or 0.0), config_from_flat(r.config)) for r in pool(done, race_seeds)]
 
 
 def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, race_seeds: int,
@@ -197,16 +194,21 @@ def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, rac
 
 
 def run_verify(args: Any) -> int:
-    """``tuner verify CONFIG.yaml``: retrain the file's config on fresh seeds; 0 if it meets the bar, else 3."""
-    from rich.console import Console
+    """``tuner verify CONFIG.yaml``: retrain the file's config on fresh seeds; 0 if it meets the bar, else 3.
+
+    Its progress: a line per run that ended, piped or redirected; a live line on a terminal
+    (``tuner.driver.progress``).
+    """
+    from pathlib import Path
 
     from tuner.config import VerifyOptions, load_options, prepare_environment
+    from tuner.driver.eta import Work
     from tuner.driver.evidence import fresh_seeds
     from tuner.driver.executor import ClusterConfig, RayExecutor
-    from tuner.driver.progress import ProgressView
+    from tuner.driver.progress import ProgressView, output_console
     from tuner.models import load_model, runtime_env
 
-    console = Console(highlight=False)
+    console = output_console(highlight=False)
     options = load_options(VerifyOptions, vars(args))  # every count in range, before anything is read
     _check_bar(options.min_survival, options.seeds)
     doc = read_config_file(options.config)
@@ -221,7 +223,8 @@ def run_verify(args: Any) -> int:
         num_cpus=options.num_cpus, runtime_env=runtime_env(model_name),
     ))
     try:
-        with ProgressView(1, live=False, console=console) as view:
+        work = Work(0, steps, verify_seeds=len(seeds), verify_steps=steps, slots=executor.slots)
+        with ProgressView(0, console=console, work=work, label=lambda _: Path(options.config).name) as view:
             runner = Runner(executor, model_name, [view])
             result = verify(runner, 0, config, seeds, steps, options.min_survival, options.fail_fast)
     finally:
