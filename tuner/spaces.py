@@ -11,7 +11,10 @@ A space file looks like this (every key but ``params`` is optional)::
       hidden: 32                                                       # fixed, not searched
 
 A knob left out keeps its default. ``nullable: true`` adds the null value (no clipping, no L2,
-no guard) to a range: Optuna then also suggests ``use_<name>`` (true/false).
+no guard) to a range: Optuna then also suggests ``use_<name>`` (true/false) first, and the value
+only when it is true (define-by-run), so a trial's params hold no value it never had. Trials of
+studies written before that hold both (``use_clip_norm: false, clip_norm: 0.337``); their config
+records (``tuner.driver.trialrecord``) say null, as they always did.
 
 The file is read by ``tuner.config.read_yaml`` (as the launch YAML) and validated by pydantic
 models made for the launch's knobs (``tuner.spacefile``); a bad space stops the launch with one
@@ -58,14 +61,14 @@ class Param:
             return self.value
         if self.choices:
             return trial.suggest_categorical(self.name, list(self.choices))
-        # both parts are always suggested, so the space stays static for multivariate TPE
-        use = trial.suggest_categorical(f"use_{self.name}", [True, False]) if self.nullable else True
+        # define-by-run: a switched-off knob has no value, so a trial's params are its effective config
+        # (multivariate TPE with ``group=True`` models each set of params that occur together: make_sampler)
+        if self.nullable and not trial.suggest_categorical(f"use_{self.name}", [True, False]):
+            return None
         assert self.low is not None and self.high is not None  # a range always has both (tuner.spacefile.RangeSpec)
         if self.knob.kind == "int":
-            number: Any = trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
-        else:
-            number = trial.suggest_float(self.name, self.low, self.high, log=self.log)
-        return number if use else None
+            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(self.name, self.low, self.high, log=self.log)
 
 
 @dataclass(frozen=True)

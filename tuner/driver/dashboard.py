@@ -9,15 +9,17 @@ margin, and its config as the YAML best_config.yaml would hold.
 :class:`Notes` is a search callback (it only listens): it writes a trial's note once the trial is
 told. A config is verified after its trial was told, so :func:`refresh` writes the notes of the
 verified trials again. Both write through :func:`tuner.hooks.save_trial_note` (no note without
-optuna-dashboard installed).
+optuna-dashboard installed). :func:`refresh` also writes the study's note (:func:`study_note`: the
+exported trial and why; a note the user wrote is kept below it), with optuna-dashboard's ``save_note``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
-from tuner.driver.trialrecord import ATTR, TrialRecord, study_records
+from tuner.driver.trialrecord import ATTR, Counts, TrialRecord, study_records
 from tuner.driver.views import best_yaml, seeds_text, status_text, steps_text
 from tuner.hooks import save_trial_note
 from tuner.records import TrialOutcome, TrialState
@@ -29,8 +31,11 @@ MAX_CHARS = 2045  # one chunk of optuna-dashboard's note format (tuner.hooks.sav
 def note(record: TrialRecord) -> str:
     """The Markdown note of a finished trial, at most ``MAX_CHARS`` characters (seed rows left out
     past that, with how many)."""
-    head = [f"### Trial {record.number}: {headline(record)}", ""]
+    exported = " · **exported** (best_config.yaml)" if record.chosen else ""
+    head = [f"### Trial {record.number}: {headline(record)}{exported}", ""]
     facts = [f"- seeds {seeds_text(record)}, steps survived: {steps_text(record)}"]
+    if record.why:
+        facts.append(f"- not exported: {record.why}")
     if record.verification is not None:
         facts.append(f"- verified on fresh seeds: {record.verification.text()}"
                      + (" (exported: best_config.yaml)" if record.chosen else ""))
@@ -97,7 +102,56 @@ class Notes:
 
 def refresh(study: Any) -> None:
     """Write the notes of the study's verified trials again, with what the study learned of them
-    since they were told (verification, margin, the choice)."""
-    for record in study_records(study):
+    since they were told (verification, margin, the choice), and the study's note."""
+    records = study_records(study)
+    for record in records:
         if record.verification is not None or record.margin is not None or record.chosen:
             save_trial_note(study, record.number, note(record), version=2)
+    save_study_note(study, records)
+
+
+STUDY_HEAD = "### Exported by tuner: trial "  # how the study note tuner writes starts
+STUDY_BREAK = "\n\n---\n\n"  # after it, a note the user wrote is kept
+
+
+def study_note(records: Sequence[TrialRecord], best: int | None) -> str:
+    """The study's note (optuna-dashboard's Note page, the left bar's note icon): which trial
+    best_config.yaml exports and why, why Optuna's "Best Trial" (``best``, the lowest value) is
+    another one, and what "Pruned" means here; "" if no trial is the incumbent."""
+    top = next((r for r in records if r.chosen), None)
+    if top is None:
+        return ""
+    lines = [f"{STUDY_HEAD}{top.number} (best_config.yaml)", "", f"- {headline(top)}; seeds {seeds_text(top)}"]
+    if top.verification is not None:
+        v = top.verification
+        bar = f"meets the bar {v.min_survival:g}" if v.met else f"does NOT meet the bar {v.min_survival:g}"
+        lines.append(f"- verified on fresh seeds x {v.steps} steps: {v.text()}: {bar}")
+    other = next((r for r in records if r.number == best), None)
+    if other is not None and other.number != top.number:
+        lines.append(f"- Optuna's *Best Trial* (trial {other.number}, lowest val_loss) is not the export: "
+                     f"{other.why or 'see its note'}")
+    counts = Counts.of(records)
+    lines += [f"- {counts.line()}",
+              "- *Pruned* here is a trial that diverged (a seed went non-finite) or that the pruner stopped; "
+              "neither has a val_loss. Each trial's note says which, and why it lost."]
+    return "\n".join(lines)
+
+
+def save_study_note(study: Any, records: Sequence[TrialRecord]) -> bool:
+    """Write :func:`study_note` as optuna-dashboard's study note, keeping a note the user wrote below
+    it; False without optuna-dashboard or without an incumbent."""
+    try:
+        from optuna_dashboard import get_note, save_note
+    except ImportError as exc:
+        log.debug("no optuna-dashboard study note: %s", exc)
+        return False
+    best = min((r for r in records if r.state is TrialState.COMPLETE and r.value is not None),
+               key=lambda r: (r.value, r.number), default=None)
+    body = study_note(records, best.number if best else None)
+    if not body:
+        return False
+    held = get_note(study)
+    if held.startswith(STUDY_HEAD):  # tuner's note of an earlier launch: what the user added below it is kept
+        held = held.partition(STUDY_BREAK)[2]
+    save_note(study, body + (STUDY_BREAK + held if held.strip() else ""))
+    return True

@@ -33,6 +33,7 @@ import logging
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -437,7 +438,7 @@ class Search:
         try:
             self._report_values(active, outcome)  # its intermediate values, before it is told
             active.trial.set_user_attr(ATTR, record.to_dict())
-            self.study.tell(number, outcome.value, state=_OPTUNA_STATE[outcome.state])
+            tell(self.study, number, outcome)
         except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale by another launch: rerun there
             log.warning("trial %d was marked FAIL by another launch (its heartbeat was late); its rerun counts",
                         number)
@@ -467,6 +468,26 @@ class Search:
             return
         kept = self._reports.retract(active.trial, first.step)  # and the rest written
         active.trial.report(float("nan"), first.step if kept is None else kept + 1)
+
+
+def tell(study: optuna.Study, number: int, outcome: TrialOutcome) -> None:
+    """Tell Optuna how trial ``number`` ended; a trial the pruner stopped gets no value.
+
+    ``study.tell(state=PRUNED)`` gives a pruned trial its last intermediate value as its value when that
+    is finite (``optuna/study/_tell.py``): the last *training* loss of a stopped trial, which
+    optuna-dashboard then plots on the ``val_loss`` axis. TPE ranks pruned trials by their
+    intermediate values alone (last step, then last value: ``_get_pruned_trial_score``), never by
+    the value, so a stopped trial is told with no value and TPE sees the same trials. A diverged
+    trial's last intermediate value is NaN already (:meth:`Search._report_values`).
+    """
+    if outcome.state is not TrialState.STOPPED:
+        study.tell(number, outcome.value, state=_OPTUNA_STATE[outcome.state])
+        return
+    frozen = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
+    if frozen.state is not optuna.trial.TrialState.RUNNING:
+        raise optuna.exceptions.UpdateFinishedTrialError(f"trial {number} has already finished")
+    study.sampler.after_trial(study, frozen, optuna.trial.TrialState.PRUNED, None)
+    study._storage.set_trial_state_values(frozen._trial_id, optuna.trial.TrialState.PRUNED, None)
 
 
 @dataclass
@@ -521,7 +542,12 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     startup = min(10, max(4, 2 * searched))
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True, n_startup_trials=startup)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # ``group`` is experimental
+        # group: a nullable knob's value is suggested only when ``use_<name>`` is true (tuner.spaces.Param),
+        # and TPE models each set of params that occur together instead of sampling them independently
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                          n_startup_trials=startup)
 
 
 ASHA_REDUCTION = 3  # successive halving keeps the best third of the trials at each rung

@@ -36,7 +36,16 @@ from typing import Any, TypeGuard
 from tuner.driver import mlflow_runs, mlflow_ui, orphans
 from tuner.driver.mlflow_sender import TELEMETRY_FILE, Sender, Target, first_line
 from tuner.errors import TrackingError
-from tuner.records import Forensics, NonFiniteKind, Phase, RunRecord, TrainConfig, TrialOutcome, TrialState
+from tuner.records import (
+    Forensics,
+    NonFiniteKind,
+    Phase,
+    RunRecord,
+    RunStatus,
+    TrainConfig,
+    TrialOutcome,
+    TrialState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +130,7 @@ class Tracker:
         """Tag the experiment to open in the MLflow UI's training views with tuner's columns
         (tuner.driver.mlflow_ui); a description the user wrote is kept."""
         tags = mlflow_ui.experiment_tags(self.experiment_id, study)
-        note = found.tags.get(mlflow_ui.NOTE_TAG) if found is not None else None
-        if note and not note.startswith(mlflow_ui.NOTE_MARK):
+        if found is not None and not mlflow_ui.is_tuner_note(found.tags.get(mlflow_ui.NOTE_TAG)):
             del tags[mlflow_ui.NOTE_TAG]
         for key, value in tags.items():
             self.client.set_experiment_tag(self.experiment_id, key, value)
@@ -143,6 +151,52 @@ class Tracker:
             log.debug("the study's earlier runs were not looked up: %s", first_line(exc))
             return made
         return {**found, **made}
+
+    def mark_export(self, study: Any) -> None:
+        """Queue the marks of the study's exported trial (the incumbent: tuner.driver.export.best_trial),
+        for the end of a launch, once it chose: its run tagged ``chosen`` = ``true``, renamed
+        (``trial-4 survived, exported``) and described by what the export rests on; every other
+        trial's run tagged ``why_not_chosen``; an earlier launch's mark moved; the launch run's and
+        the experiment's descriptions name the exported trial (tuner.driver.mlflow_ui)."""
+        from tuner.driver.export import best_trial
+        from tuner.driver.trialrecord import study_records
+
+        found = best_trial(study)
+        if found is None:
+            return
+        top, rule = found
+        records = study_records(study)
+        self._sender.append(lambda: self._mark_export(top, rule, records, study.study_name))
+
+    def _mark_export(self, top: Any, rule: str, records: Sequence[Any], study: str) -> None:
+        runs = self.runs()
+        sentence = mlflow_ui.export_sentence(top, rule)
+        for run in self.client.search_runs([self.experiment_id], filter_string=f"tags.{mlflow_ui.CHOSEN_TAG} = 'true'"):
+            if run.info.run_id != runs.get(top.number):  # an earlier launch exported another trial
+                self._unmark(run)
+        for record in records:
+            if record.number in runs and record.number != top.number and record.why:
+                self.client.set_tag(runs[record.number], mlflow_ui.WHY_TAG, record.why[:5000])
+        if top.number in runs:
+            run = self.client.get_run(runs[top.number])
+            note = mlflow_ui.unexported_note(run.data.tags.get(mlflow_ui.NOTE_TAG, ""))
+            tags = {mlflow_ui.CHOSEN_TAG: "true", mlflow_ui.NAME_TAG: mlflow_ui.exported_name(run.info.run_name),
+                    mlflow_ui.NOTE_TAG: mlflow_ui.exported_note(sentence, note)}
+            self.client.log_batch(run.info.run_id, tags=[self._Tag(k, v) for k, v in tags.items()])
+            if mlflow_ui.WHY_TAG in run.data.tags:
+                self.client.delete_tag(run.info.run_id, mlflow_ui.WHY_TAG)
+        self.client.set_tag(self.parent_id, mlflow_ui.NOTE_TAG, sentence)
+        experiment = self.client.get_experiment(self.experiment_id)
+        if mlflow_ui.is_tuner_note(experiment.tags.get(mlflow_ui.NOTE_TAG)):
+            note = mlflow_ui.experiment_note(self.experiment_id, study, mlflow_ui.exported_phrase(top))
+            self.client.set_experiment_tag(self.experiment_id, mlflow_ui.NOTE_TAG, note)
+
+    def _unmark(self, run: Any) -> None:
+        """Take an earlier launch's export mark off ``run``."""
+        self.client.delete_tag(run.info.run_id, mlflow_ui.CHOSEN_TAG)
+        tags = {mlflow_ui.NAME_TAG: run.info.run_name.removesuffix(mlflow_ui.EXPORTED),
+                mlflow_ui.NOTE_TAG: mlflow_ui.unexported_note(run.data.tags.get(mlflow_ui.NOTE_TAG, ""))}
+        self.client.log_batch(run.info.run_id, tags=[self._Tag(k, v) for k, v in tags.items()])
 
     def backlog(self) -> int:
         """Metric points buffered or queued and not yet sent."""
@@ -200,7 +254,10 @@ class Tracker:
             target = self._current.get((record.trial, record.phase.value), record.trial)
         positions = self._seeds.setdefault(target, {})
         name = mlflow_ui.seed_key(positions.setdefault(record.seed, len(positions)))  # a seed not announced: next
-        now, seed, step = int(time.time() * 1000), name + "/", record.step
+        # a diverged run's final record holds its last finite loss and gradient norm, from the step before
+        # it diverged: charted there, the loss line ends at the last finite step (the run's name says the next)
+        diverged = record.final and record.status is RunStatus.DIVERGED
+        now, seed, step = int(time.time() * 1000), name + "/", record.steps_survived if diverged else record.step
         values = {"grad_norm": record.grad_norm, **({} if record.final else record.metrics)}
         points = [(seed + "loss", float(record.loss), now, step)] if _finite(record.loss) else []
         if not record.final and self._sender.spilling():
