@@ -1,6 +1,6 @@
 """Faults end to end, as a user meets them: each leaves the study and its runs in a known state.
 
-The table in README.md ("What a fault does to a study") lists each fault with the test here (or
+The table in docs/operations.md ("What a fault does to a study") lists each fault with the test here (or
 elsewhere) that checks it.
 """
 

@@ -1,7 +1,7 @@
 """Faults of a run or a store mid-launch, each a real launch (real Ray, SQLite, MLflow, TensorFlow):
 a model whose build hangs, an MLflow store whose disk fills up, a driver killed while it verifies.
 Each checks the exit status, the one line, no traceback, and nothing RUNNING in Optuna or MLflow
-afterwards (issue 27; README's fault table)."""
+afterwards (issue 27; docs/operations.md's fault table)."""
 
 from __future__ import annotations
 
