@@ -211,6 +211,36 @@ def row_text(page: Any, name: str) -> str:
     return " ".join(page.locator(f'.ag-row[row-index="{index}"]').all_inner_texts())
 
 
+def follow(page: Any, link: Any) -> Any:
+    """Click ``link`` as a person would; the page it opened (a new tab, or the same page)."""
+    with contextlib.suppress(Exception):  # GenAI's first-visit "Detect Issues" tip covers the page until closed
+        page.get_by_role("button", name="Got it").click(timeout=3000)
+    if link.get_attribute("target") == "_blank":
+        with page.context.expect_page() as opened:
+            link.click()
+        page = opened.value
+    else:
+        link.click()
+    page.wait_for_load_state()
+    return page
+
+
+def trials_table(checks: Checks, page: Any, facts: MlflowFacts, out: Path, docs: Path | None, name: str) -> None:
+    """The trials table: the training view, one row per trial, tuner's columns, the export marked."""
+    check_page(checks, page, name, "Model training", *facts.trials, "chosen", "status", "val_loss",
+               "why_not_chosen", "learning_rate", absent=("Evaluation runs", f"{STUDY}-launch"))
+    rows = page.locator(".ag-center-cols-container .ag-row").count()
+    checks.add(f"{name}: one row per trial, none folded ({len(facts.trials)})", rows == len(facts.trials),
+               f"{rows} rows")
+    checks.add(f"{name}: the exported run's row says chosen = true",
+               "true" in row_text(page, facts.chosen[0] if facts.chosen else "exported"), "no row, or no 'true'")
+    banner = "You're viewing a shared view" in page.inner_text("body")
+    print(f"note: MLflow shows its shared-view banner over the trials table: {banner}", flush=True)
+    shot = shoot(page, out, "mlflow_2_trials_table")
+    if docs is not None:
+        shutil.copyfile(shot, docs / DOCS["mlflow"])
+
+
 def mlflow_pages(checks: Checks, page: Any, base: str, facts: MlflowFacts, urls: list[str], out: Path,
                  docs: Path | None) -> None:
     from tuner.driver.mlflow_ui import EXPORTED, runs_link
@@ -228,20 +258,13 @@ def mlflow_pages(checks: Checks, page: Any, base: str, facts: MlflowFacts, urls:
     link = page.locator(f'a[href*="{runs_link(facts.experiment_id)}"]')
     checks.add("the description links to the trials table", link.count() > 0, "no such link")
 
-    table = next((u for u in urls if "viewStateShareKey=" in u), None)  # the printed trials-table link
-    page.goto(served(table, base) if table else f"{base}/{runs_link(facts.experiment_id)}")
-    check_page(checks, page, "trials table", "Model training", *facts.trials, "chosen", "status", "val_loss",
-               "why_not_chosen", "learning_rate", absent=("Evaluation runs", f"{STUDY}-launch"))
-    rows = page.locator(".ag-center-cols-container .ag-row").count()
-    checks.add(f"trials table: one row per trial, none folded ({len(facts.trials)})", rows == len(facts.trials),
-               f"{rows} rows")
-    checks.add("the exported run's row says chosen = true", "true" in row_text(page, facts.chosen[0] if facts.chosen
-                                                                          else "exported"), "no row, or no 'true'")
-    banner = "You're viewing a shared view" in page.inner_text("body")
-    print(f"note: MLflow shows its shared-view banner over the trials table: {banner}", flush=True)
-    shot = shoot(page, out, "mlflow_2_trials_table")
-    if docs is not None:
-        shutil.copyfile(shot, docs / DOCS["mlflow"])
+    if link.count():  # a person clicks it (MLflow may open it in a new tab)
+        page = follow(page, link.first)
+        trials_table(checks, page, facts, out, docs, "trials table (the description's link)")
+    table = next((u for u in urls if "viewStateShareKey=" in u), None)  # a printed trials-table link
+    if table is not None:
+        page.goto(served(table, base))
+        trials_table(checks, page, facts, out, docs, "trials table (the printed link)")
     with contextlib.suppress(Exception):
         page.get_by_role("button", name="Override saved view").click(timeout=3000)
         page.wait_for_timeout(1000)
