@@ -122,6 +122,7 @@ def _launch(config: LaunchConfig) -> dict[str, Any]:
         plots = write_study_plots(study, config.out, config.storage)
         wrapup.print_where_to_look(console, doc, config, tracker.experiment_id if tracker else None)
         if tracker:
+            tracker.mark_export(study)  # the exported trial's run: tag chosen, its name, the descriptions
             tracker.close("FINISHED", _study_summary(study), artifacts=(config.out, *plots))
         return doc
     except BaseException as exc:
