@@ -129,3 +129,22 @@ def test_loopback_node_does_nothing_but_say_so_when_ray_lacks_the_function(
     with caplog.at_level(logging.DEBUG, logger="tuner.hooks"), hooks.loopback_node():
         assert not hasattr(services, "resolve_ip_for_localhost")
     assert "listens on all interfaces" in caplog.text
+
+
+def test_tell_pruned_without_value_leaves_a_stopped_trial_without_its_training_loss() -> None:
+    import optuna
+
+    from tuner.hooks import tell_pruned_without_value
+
+    study = optuna.create_study()
+    told = study.ask()
+    told.report(0.7, 100)
+    assert tell_pruned_without_value(study, told.number)
+    kept = study.ask()
+    kept.report(0.7, 100)
+    study.tell(kept, state=optuna.trial.TrialState.PRUNED)  # Optuna's own: the last training loss as value
+    frozen = study.get_trials(deepcopy=False)
+    assert [t.state for t in frozen] == [optuna.trial.TrialState.PRUNED] * 2
+    assert frozen[0].value is None and frozen[1].value == 0.7  # the hook's difference
+    assert frozen[0].intermediate_values == {100: 0.7}  # what TPE ranks a pruned trial by
+    assert not tell_pruned_without_value(object(), 0)  # fails open: the caller tells it through study.tell

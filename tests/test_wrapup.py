@@ -39,14 +39,19 @@ def test_where_to_look_gives_both_uis_commands_and_urls_with_passwords_masked(tm
         study_id(storage, "other")
     assert study_id(storage, "missing") is None  # a link is a convenience: no error
     lines = where_to_look(DOC, "postgresql://u:secret@db/optuna", "http://u:hunter2@mlflow:5000", "7", sid)
-    assert lines == [
+    assert lines == [  # an mlflow server: its own UI, the login left out of the links
         "see it in MLflow:",
-        "  mlflow ui --backend-store-uri 'http://u:***@mlflow:5000'",
-        "  then open http://127.0.0.1:5000/#/experiments/7/runs/abc123?workflowType=machine_learning",
+        "  open http://mlflow:5000/#/experiments/7/runs/abc123?workflowType=machine_learning",
+        "  all trials: http://mlflow:5000/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=tuner",
         "see it in optuna-dashboard:",
         "  optuna-dashboard 'postgresql://u:***@db/optuna'",
         f"  then open http://127.0.0.1:8080/dashboard/studies/{sid}/trials?numbers=4",
     ]
+    local = where_to_look(DOC, storage, "sqlite:///m.db", "7", sid)[:4]
+    assert local == ["see it in MLflow:", "  mlflow ui --backend-store-uri sqlite:///m.db",
+                     "  then open http://127.0.0.1:5000/#/experiments/7/runs/abc123?workflowType=machine_learning",
+                     "  all trials: http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning"
+                     "&viewStateShareKey=tuner"]
     untracked = where_to_look(DOC, storage, None, None, None)
     assert untracked == ["see it in optuna-dashboard:", f"  optuna-dashboard {storage}"]  # no MLflow lines
 

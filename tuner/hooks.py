@@ -27,6 +27,10 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
   127.0.0.1, and Ray's servers, agents and metrics endpoints then listen on the loopback only
   (each checks ``node_ip_address == 127.0.0.1``). Without it the embedded cluster listens on all
   interfaces, as Ray's default does (``tests/test_ports.py`` fails).
+- :func:`tell_pruned_without_value`: Optuna's ``Study._storage``, ``_study_id`` and ``_trial_id``,
+  to end a trial the pruner stopped as PRUNED with no value (``study.tell`` gives it its last
+  intermediate value, a *training* loss, which optuna-dashboard then plots on the ``val_loss``
+  axis). Without it the trial is told through ``study.tell`` and keeps that value.
 - :func:`ray_processes_in_own_group`: Ray's ``ray._private.services.ConsolePopen``, to start an
   embedded cluster's processes in a process group of their own, so that SIGTERM or SIGHUP to the
   launch's process group reaches the driver alone, which cleans up. Without it the raylet dies
@@ -268,3 +272,31 @@ def ray_processes_in_own_group() -> None:
             super().__init__(*args, **kwargs)
 
     setattr(services, "ConsolePopen", OwnGroupPopen)  # noqa: B010  (a module attribute Ray reads at call time)
+
+
+def tell_pruned_without_value(study: Any, number: int) -> bool:
+    """Tell trial ``number`` of ``study`` PRUNED with no value, as ``study.tell`` would but without
+    copying its last intermediate value into its value; False (nothing told) if Optuna's private
+    storage API is not there, so that the caller tells it through ``study.tell``.
+
+    The sampler hears it as ``study.tell`` makes it hear (``after_trial``): TPE ranks pruned trials by
+    their intermediate values alone (``_get_pruned_trial_score``), so it sees the same trial.
+
+    Raises:
+        optuna.exceptions.UpdateFinishedTrialError: the trial has finished already (failed as
+            stale by another launch), as ``study.tell`` raises.
+    """
+    import optuna
+
+    try:
+        storage, study_id = study._storage, study._study_id
+        frozen = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study_id, number))
+        trial_id = frozen._trial_id
+    except AttributeError as exc:
+        log.debug("trial %d told through study.tell (it keeps its last intermediate value): %s", number, exc)
+        return False
+    if frozen.state is not optuna.trial.TrialState.RUNNING:
+        raise optuna.exceptions.UpdateFinishedTrialError(f"trial {number} has already finished")
+    study.sampler.after_trial(study, frozen, optuna.trial.TrialState.PRUNED, None)
+    storage.set_trial_state_values(trial_id, optuna.trial.TrialState.PRUNED, None)
+    return True

@@ -45,7 +45,7 @@ from tuner.driver.evidence import SeedStream
 from tuner.driver.intermediate import Reports
 from tuner.driver.liveness import DUPLICATE_OF, Liveness
 from tuner.driver.trialrecord import ATTR, TrialRecord, read
-from tuner.hooks import is_enqueued
+from tuner.hooks import is_enqueued, tell_pruned_without_value
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
 
@@ -480,14 +480,8 @@ def tell(study: optuna.Study, number: int, outcome: TrialOutcome) -> None:
     the value, so a stopped trial is told with no value and TPE sees the same trials. A diverged
     trial's last intermediate value is NaN already (:meth:`Search._report_values`).
     """
-    if outcome.state is not TrialState.STOPPED:
+    if outcome.state is not TrialState.STOPPED or not tell_pruned_without_value(study, number):
         study.tell(number, outcome.value, state=_OPTUNA_STATE[outcome.state])
-        return
-    frozen = study._storage.get_trial(study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number))
-    if frozen.state is not optuna.trial.TrialState.RUNNING:
-        raise optuna.exceptions.UpdateFinishedTrialError(f"trial {number} has already finished")
-    study.sampler.after_trial(study, frozen, optuna.trial.TrialState.PRUNED, None)
-    study._storage.set_trial_state_values(frozen._trial_id, optuna.trial.TrialState.PRUNED, None)
 
 
 @dataclass

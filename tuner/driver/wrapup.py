@@ -9,6 +9,7 @@ with passwords masked.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from rich.console import Console
 
 from tuner.config import redact
+from tuner.driver.mlflow_ui import runs_url
 
 
 def print_summary(console: Console, study: Any, numbers: set[int], keys: list[str]) -> None:
@@ -72,10 +74,16 @@ def where_to_look(doc: dict[str, Any], storage: str, tracking_uri: str | None, e
     trial, run = doc["study"]["trial"], doc["study"].get("mlflow_run_id")
     lines = []
     if tracking_uri:
-        lines += ["see it in MLflow:", f"  mlflow ui --backend-store-uri {shlex.quote(redact(tracking_uri))}"]
+        served = tracking_uri.startswith(("http://", "https://"))  # an mlflow server: its own UI
+        ui = re.sub(r"//[^/@]*@", "//", tracking_uri).rstrip("/") if served else MLFLOW_UI  # no login in a link
+        lines.append("see it in MLflow:")
+        if not served:
+            lines.append(f"  mlflow ui --backend-store-uri {shlex.quote(redact(tracking_uri))}")
         if experiment_id is not None:
             where = f"runs/{run}" if run else "runs"
-            lines.append(f"  then open {MLFLOW_UI}/#/experiments/{experiment_id}/{where}?workflowType=machine_learning")
+            lines.append(f"  {'then open' if not served else 'open'} {ui}/#/experiments/{experiment_id}/{where}"
+                         "?workflowType=machine_learning")
+            lines.append(f"  all trials: {runs_url(ui, experiment_id)}")
     lines += ["see it in optuna-dashboard:", f"  optuna-dashboard {shlex.quote(redact(storage))}"]
     if study_id is not None:
         lines.append(f"  then open {DASHBOARD}/dashboard/studies/{study_id}/trials?numbers={trial}")
