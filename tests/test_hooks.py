@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+import types
 from pathlib import Path
 
 import optuna
@@ -148,3 +150,141 @@ def test_tell_pruned_without_value_leaves_a_stopped_trial_without_its_training_l
     assert frozen[0].value is None and frozen[1].value == 0.7  # the hook's difference
     assert frozen[0].intermediate_values == {100: 0.7}  # what TPE ranks a pruned trial by
     assert not tell_pruned_without_value(object(), 0)  # fails open: the caller tells it through study.tell
+
+
+def _sqlite_study(tmp_path: Path, **kwargs: object) -> optuna.Study:
+    return optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}", **kwargs)  # type: ignore[arg-type]
+
+
+def test_insert_intermediate_values_batch_is_stored_and_seen_by_the_pruner(tmp_path: Path) -> None:
+    """The batch lands in a SQLite study and in each trial's own copy, which ``should_prune`` hands the
+    pruner: without the copy, every pruner saw no step and stopped nothing (until 2026-12-05)."""
+    study = _sqlite_study(tmp_path, pruner=optuna.pruners.ThresholdPruner(upper=1.0))
+    high, low = study.ask(), study.ask()
+    assert hooks.insert_intermediate_values([(high, {10: 0.5, 20: 5.0}), (low, {10: 0.5})])
+    assert high.should_prune() and not low.should_prune()  # the pruner reads the latest step: 5.0 > 1.0
+    assert hooks.insert_intermediate_values([(high, {20: 0.1, 30: 0.2})])  # step 20 keeps its first value
+    assert study.trials[high.number].intermediate_values == {10: 0.5, 20: 5.0, 30: 0.2}
+    study.tell(low, state=optuna.trial.TrialState.FAIL)  # finished meanwhile: gets nothing more
+    assert hooks.insert_intermediate_values([(low, {40: 0.1})])
+    assert study.trials[low.number].intermediate_values == {10: 0.5}
+
+
+def test_insert_intermediate_values_leaves_it_to_report_where_it_cannot_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert not hooks.insert_intermediate_values([(optuna.create_study().ask(), {1: 1.0})])  # in memory: report's way
+    study = _sqlite_study(tmp_path)
+    trial = study.ask()
+    number = trial.number
+    monkeypatch.delattr(trial, "_cached_frozen_trial")  # an Optuna whose Trial keeps no copy of itself there
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert not hooks.insert_intermediate_values([(trial, {1: 1.0})])
+    assert "keeps no copy of itself" in caplog.text
+    assert study.trials[number].intermediate_values == {}  # nothing written: the caller reports them
+
+
+def test_cached_trial_is_the_copy_the_pruner_reads(caplog: pytest.LogCaptureFixture) -> None:
+    study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(upper=1.0))
+    trial = study.ask()
+    assert not trial.should_prune()
+    hooks.cached_trial(trial).intermediate_values[5] = 9.0
+    assert trial.should_prune()
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert hooks.cached_trial(object()) is None
+    assert "keeps no copy of itself" in caplog.text
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "memory"])
+def test_delete_intermediate_values_from_takes_them_back_from_storage_and_pruner(tmp_path: Path, storage: str) -> None:
+    url = f"sqlite:///{tmp_path / 'o.db'}" if storage == "sqlite" else None
+    study = optuna.create_study(storage=url, pruner=optuna.pruners.ThresholdPruner(upper=1.0))
+    trial = study.ask()
+    for step, value in {10: 0.5, 20: 0.4, 30: 5.0}.items():
+        trial.report(value, step)
+    assert trial.should_prune()  # the pruner reads the latest step: 5.0 > 1.0
+    assert hooks.delete_intermediate_values_from(trial, 20)
+    assert study.trials[trial.number].intermediate_values == {10: 0.5}
+    assert not trial.should_prune()  # the trial's own copy lost them too
+
+
+def test_delete_intermediate_values_from_keeps_them_on_a_storage_it_does_not_know(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from optuna.storages.journal import JournalFileBackend
+
+    study = optuna.create_study(storage=optuna.storages.JournalStorage(JournalFileBackend(str(tmp_path / "j.log"))))
+    trial = study.ask()
+    trial.report(0.5, 10)
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert not hooks.delete_intermediate_values_from(trial, 10)
+    assert "could not be taken back" in caplog.text
+    assert study.trials[trial.number].intermediate_values == {10: 0.5}
+
+
+def test_trial_id_opens_the_trial_and_is_none_where_optuna_keeps_no_id(caplog: pytest.LogCaptureFixture) -> None:
+    storage = optuna.storages.InMemoryStorage()
+    optuna.create_study(storage=storage, study_name="a").ask()
+    trial = optuna.create_study(storage=storage, study_name="b").ask()
+    tid = hooks.trial_id(trial)
+    assert tid is not None and tid != trial.number  # the storage's id, not the study's number
+    assert optuna.Trial(trial.study, tid).number == trial.number
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert hooks.trial_id(object()) is None
+    assert "has no storage id" in caplog.text
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # heartbeats are, in Optuna 5
+def test_record_heartbeat_makes_a_trial_stale_once_it_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A trial with a heartbeat that stopped is failed by ``fail_stale_trials``; one that never had one is not."""
+    storage = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage)
+    beaten, silent = study.ask(), study.ask()
+    assert hooks.record_heartbeat(study, hooks.trial_id(beaten))
+    time.sleep(2.5)  # past the grace period (the storage's clock has whole seconds)
+    optuna.storages.fail_stale_trials(study)
+    assert [t.state.name for t in study.trials] == ["FAIL", "RUNNING"]
+    assert not hooks.record_heartbeat(study, None)
+    monkeypatch.setattr(study, "_storage", object())  # an Optuna whose storage records no heartbeat
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert not hooks.record_heartbeat(study, hooks.trial_id(silent))
+    assert "stay RUNNING" in caplog.text
+
+
+def test_frozen_trial_reads_one_trial_by_number_and_all_of_them_without_optunas_internals(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    storage = optuna.storages.InMemoryStorage()
+    optuna.create_study(storage=storage, study_name="a").optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    study = optuna.create_study(storage=storage, study_name="b")
+    study.enqueue_trial({"x": 0.25})
+    study.enqueue_trial({"x": 0.75})
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert hooks.frozen_trial(study, 1).params == {"x": 0.75}
+    for kind in (optuna.storages.InMemoryStorage, optuna.storages.BaseStorage):  # an Optuna whose storage differs
+        monkeypatch.delattr(kind, "get_trial_id_from_study_id_trial_number")
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert hooks.frozen_trial(study, 1).params == {"x": 0.75}
+    assert "read with all the study's trials" in caplog.text
+
+
+def test_fail_trial_fails_a_running_trial_with_its_reason_and_through_tell_without_internals(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    study = _sqlite_study(tmp_path)
+    first, second = study.ask(), study.ask()
+    assert hooks.fail_trial(study, hooks.frozen_trial(study, first.number), "stopped")
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        hooks.fail_trial(study, hooks.frozen_trial(study, first.number), "again")
+    stand_in = types.SimpleNamespace(number=second.number)  # an Optuna whose FrozenTrial has no storage id
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert hooks.fail_trial(study, stand_in, "stopped")
+    assert "told FAIL through study.tell" in caplog.text
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        hooks.fail_trial(study, stand_in)
+    trials = study.trials
+    assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
+    assert trials[0].user_attrs == {"reason": "stopped"} and trials[1].user_attrs == {}  # no reason kept through tell
+

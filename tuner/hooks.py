@@ -35,16 +35,38 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
   embedded cluster's processes in a process group of their own, so that SIGTERM or SIGHUP to the
   launch's process group reaches the driver alone, which cleans up. Without it the raylet dies
   at once and the driver with it (exit 134); the next launch reruns the trials after its grace period.
+- :func:`insert_intermediate_values`: Optuna's RDB models and session (``optuna.storages._rdb``,
+  ``_CachedStorage._backend``, ``Trial._trial_id``) to write many trials' intermediate values in one
+  transaction, and ``Trial._cached_frozen_trial`` (:func:`cached_trial`, the trial's own copy, which
+  ``should_prune`` hands the pruner) to put them there as ``Trial.report`` does
+  (``tuner.driver.intermediate``). Without it each value is written by ``Trial.report``, one
+  transaction each: the same values, slower asks and reports.
+- :func:`delete_intermediate_values_from`: the same RDB models, or ``InMemoryStorage``'s ``_lock``,
+  ``_get_trial`` and ``_set_trial``, to take back a diverged trial's values past its divergence step
+  (Optuna has no call that removes one). Without it they stay, and the trial's NaN is reported
+  after the last step held instead of at its divergence step.
+- :func:`trial_id`, :func:`record_heartbeat`: ``Trial._trial_id`` and ``Study._storage.record_heartbeat``,
+  the heartbeat Optuna records only inside ``Study.optimize`` (``tuner.driver.liveness``). Without it
+  trials have no heartbeat: a live launch's trials are never failed, but a killed launch's stay
+  RUNNING until a user fails them.
+- :func:`frozen_trial`: ``Study._storage``, ``_study_id``, to read one trial by number without reading
+  them all (optuna-dashboard's note of each told trial, the trials a stopping launch gives up).
+  Without it the trial is picked from ``study.get_trials``: O(n) per trial, O(n^2) over a study.
+- :func:`fail_trial`: ``Study._storage`` and ``FrozenTrial._trial_id``, to fail a trial with a reason
+  without its sampler hearing of it, as Optuna fails a stale trial (``tuner.driver.liveness``).
+  Without it the trial is told FAIL through ``study.tell``, with no reason kept.
 
-Imports neither TensorFlow nor Ray at module level: the driver imports this module (the Ray hook)
+``tests/test_layout.py`` checks that no other module of tuner/ touches another library's private
+API. Imports neither TensorFlow nor Ray at module level: the driver imports this module (the Ray hook)
 and must not pay for TensorFlow; each hook imports what it uses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -300,3 +322,208 @@ def tell_pruned_without_value(study: Any, number: int) -> bool:
     study.sampler.after_trial(study, frozen, optuna.trial.TrialState.PRUNED, None)
     storage.set_trial_state_values(trial_id, optuna.trial.TrialState.PRUNED, None)
     return True
+
+
+def _storage_of(study: Any) -> tuple[Any, int]:
+    """Optuna ``study``'s storage and its id in it (``Study._storage``, ``Study._study_id``); AttributeError
+    when an Optuna keeps them elsewhere."""
+    return study._storage, study._study_id
+
+
+def trial_id(trial: Any) -> int | None:
+    """The storage's id of Optuna ``trial`` (a ``Trial`` or a ``FrozenTrial``: ``_trial_id``); None,
+    said at debug level, when an Optuna keeps it elsewhere (:func:`record_heartbeat` then does nothing)."""
+    try:
+        return int(trial._trial_id)
+    except AttributeError as exc:
+        log.debug("trial %s has no storage id (%s): no heartbeat for it", getattr(trial, "number", "?"), exc)
+        return None
+
+
+def record_heartbeat(study: Any, trial_id: int | None) -> bool:
+    """Record a heartbeat of the trial with storage id ``trial_id`` (``Study._storage.record_heartbeat``:
+    Optuna records heartbeats itself only inside ``Study.optimize``); False if it could not.
+
+    Fails open: without the storage's heartbeat (or a trial id), the trial has none, said at debug
+    level. A trial without a heartbeat is never stale to ``optuna.storages.fail_stale_trials``, so a
+    live launch's trials are never failed by another; a killed launch's trials stay RUNNING until a
+    user fails them. An error of the storage itself (the database did not answer) is raised.
+    """
+    if trial_id is None:
+        return False
+    try:
+        beat = study._storage.record_heartbeat
+    except AttributeError as exc:
+        log.debug("no heartbeat for trial id %d (%s): a killed launch's trials stay RUNNING", trial_id, exc)
+        return False
+    beat(trial_id)
+    return True
+
+
+def frozen_trial(study: Any, number: int) -> Any:
+    """Trial ``number`` of ``study`` (a ``FrozenTrial``), read alone from the storage.
+
+    ``study.trials`` reads every trial of the study, so a caller that wants one trial per trial told
+    pays O(n^2) over a study. Fails open: when Optuna's storage internals cannot be read, it is
+    picked from ``study.get_trials`` (the same trial, read with all the others), said at debug level.
+    """
+    try:
+        storage, study_id = _storage_of(study)
+        read, find = storage.get_trial, storage.get_trial_id_from_study_id_trial_number
+    except AttributeError as exc:
+        log.debug("trial %d read with all the study's trials: %s", number, exc)
+        return study.get_trials(deepcopy=False)[number]
+    return read(find(study_id, number))
+
+
+def fail_trial(study: Any, trial: Any, reason: str | None = None) -> bool:
+    """Mark running trial ``trial`` (a ``FrozenTrial`` of ``study``) FAIL, with user attr ``reason`` if
+    given, straight in the storage: no sampler hears of it, as when Optuna fails a stale trial
+    (``fail_stale_trials``). Returns whether the storage changed its state.
+
+    Fails open: when Optuna's storage internals cannot be reached, it is told FAIL through
+    ``study.tell`` (its sampler hears of it; no ``reason`` is kept), said at debug level.
+
+    Raises:
+        optuna.exceptions.UpdateFinishedTrialError: the trial has finished already (told by another
+            launch), as the storage raises.
+    """
+    import optuna
+
+    fail = optuna.trial.TrialState.FAIL
+    try:
+        storage, tid = study._storage, trial._trial_id
+        set_attr, set_state = storage.set_trial_user_attr, storage.set_trial_state_values
+    except AttributeError as exc:
+        log.debug("trial %d told FAIL through study.tell (no reason kept): %s", trial.number, exc)
+        try:
+            study.tell(trial.number, state=fail)
+        except ValueError as finished:  # "Cannot tell a COMPLETE trial": as the storage says it
+            raise optuna.exceptions.UpdateFinishedTrialError(str(finished)) from finished
+        return True
+    if reason is not None:
+        set_attr(tid, "reason", reason)
+    return bool(set_state(tid, fail))
+
+
+def cached_trial(trial: Any) -> Any:
+    """Optuna ``trial``'s own copy of itself (``Trial._cached_frozen_trial``, a ``FrozenTrial``): what
+    ``Trial.should_prune`` hands the pruner and ``Trial.report`` adds each value to; None, said at
+    debug level, when an Optuna keeps none there."""
+    cached = getattr(trial, "_cached_frozen_trial", None)
+    if cached is None:
+        log.debug("trial %s keeps no copy of itself where tuner looks for one", getattr(trial, "number", "?"))
+    return cached
+
+
+def _rdb_of(storage: Any) -> Any:
+    """The ``RDBStorage`` behind Optuna ``storage`` (``_CachedStorage._backend`` wraps it), or None."""
+    import optuna
+
+    backend = getattr(storage, "_backend", storage)
+    return backend if isinstance(backend, optuna.storages.RDBStorage) else None
+
+
+def insert_intermediate_values(pending: Sequence[tuple[Any, Mapping[int, float]]]) -> bool:
+    """Write the intermediate values of several running trials of one study in one transaction:
+    ``pending`` holds (an Optuna ``Trial``, step -> value) pairs. False, with nothing written, where
+    it cannot: the caller then reports them through ``Trial.report``, one transaction per value.
+
+    On an ``RDBStorage`` (also under Optuna's cache) it inserts the rows ``Trial.report`` would
+    (``optuna.storages._rdb.models``, Optuna 5.x), keeping a step already held (its first value
+    wins, as with ``report``) and skipping a trial no longer RUNNING (failed as stale by another
+    launch). Then it puts the values in each trial's own copy (:func:`cached_trial`), as ``report``
+    does: ``Trial.should_prune`` hands the pruner that copy, and without the values every pruner
+    sees no step and stops nothing (the case from the batching's start until 2026-12-05).
+
+    Fails open: another storage, a trial without its own copy, or an insert that fails (a schema
+    Optuna changed) gives False, the last two said at debug level.
+    """
+    if not pending:
+        return True
+    backend = _rdb_of(pending[0][0].study._storage)
+    if backend is None:
+        return False  # not an RDB: Trial.report is the way, nothing went wrong
+    owns = [cached_trial(trial) for trial, _ in pending]
+    if any(own is None for own in owns):
+        return False
+    try:
+        _insert_rows(backend, {trial._trial_id: values for trial, values in pending})
+    except Exception as exc:  # a step reported twice, a schema Optuna changed: one value at a time
+        log.debug("batched intermediate values failed (%s); reporting one by one", exc)
+        return False
+    for own, (_, values) in zip(owns, pending, strict=True):
+        for step, value in values.items():
+            own.intermediate_values.setdefault(step, value)
+    return True
+
+
+def _insert_rows(backend: Any, pending: Mapping[int, Mapping[int, float]]) -> None:
+    """Insert the values of running trials (trial id -> step -> value) in one transaction (steps they
+    already hold are kept)."""
+    import optuna
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    value_model = models.TrialIntermediateValueModel
+    with _create_scoped_session(backend.scoped_session, True) as session:
+        ids = list(pending)
+        running = {tid for tid, state in session.query(models.TrialModel.trial_id, models.TrialModel.state)
+                   .filter(models.TrialModel.trial_id.in_(ids)) if state == optuna.trial.TrialState.RUNNING}
+        first = min(min(values) for values in pending.values())
+        held = set(session.query(value_model.trial_id, value_model.step)
+                   .filter(value_model.trial_id.in_(ids), value_model.step >= first))
+        rows = []
+        for tid in running:
+            for step, value in pending[tid].items():
+                if (tid, step) not in held:
+                    stored, kind = value_model.intermediate_value_to_stored_repr(value)
+                    rows.append(value_model(trial_id=tid, step=step, intermediate_value=stored,
+                                            intermediate_value_type=kind))
+        session.add_all(rows)
+
+
+def delete_intermediate_values_from(trial: Any, step: int) -> bool:
+    """Delete Optuna ``trial``'s intermediate values from ``step`` on, in its storage and in its own
+    copy (:func:`cached_trial`); False, with nothing deleted, where it cannot (said at debug level).
+
+    Optuna has no call that removes a value: on an ``RDBStorage`` the rows are deleted
+    (``optuna.storages._rdb.models``, Optuna 5.x); on an ``InMemoryStorage`` its copy of the trial
+    is replaced (``_lock``, ``_get_trial``, ``_set_trial``). Fails open: another storage, or an Optuna
+    whose internals differ, keeps the values.
+    """
+    own = cached_trial(trial)
+    try:
+        _delete_stored(trial, step)
+    except Exception as exc:  # a storage (or an Optuna) this does not know: the values stay
+        log.debug("intermediate values from step %d could not be taken back (%s)", step, exc)
+        return False
+    if own is not None:
+        for late in [s for s in own.intermediate_values if s >= step]:
+            del own.intermediate_values[late]
+    return True
+
+
+def _delete_stored(trial: Any, step: int) -> None:
+    """Delete ``trial``'s stored values from ``step`` on (RDB or in-memory storage; else raise)."""
+    import optuna
+
+    storage, tid = trial.study._storage, trial._trial_id
+    backend = _rdb_of(storage)
+    if backend is not None:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        value_model = models.TrialIntermediateValueModel
+        with _create_scoped_session(backend.scoped_session, True) as session:
+            session.query(value_model).filter(value_model.trial_id == tid,
+                                              value_model.step >= step).delete(synchronize_session=False)
+        return
+    if isinstance(storage, optuna.storages.InMemoryStorage):
+        with storage._lock:
+            frozen = copy.copy(storage._get_trial(tid))
+            frozen.intermediate_values = {s: v for s, v in frozen.intermediate_values.items() if s < step}
+            storage._set_trial(tid, frozen)
+        return
+    raise TypeError(f"{type(storage).__name__} cannot take back intermediate values")
+

@@ -21,7 +21,7 @@ from typing import Any
 
 from tuner.driver.trialrecord import ATTR, Counts, TrialRecord, study_records
 from tuner.driver.views import best_yaml, seeds_text, status_text, steps_text
-from tuner.hooks import save_trial_note
+from tuner.hooks import frozen_trial, save_trial_note
 from tuner.records import TrialOutcome, TrialState
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,7 @@ class Notes:
 
     def on_trial_complete(self, outcome: TrialOutcome) -> None:
         """Write the told trial's note from its record in the study."""
-        storage, study_id = self.study._storage, self.study._study_id
-        trial = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(study_id, outcome.number))
+        trial = frozen_trial(self.study, outcome.number)
         doc = trial.user_attrs.get(ATTR)
         if doc is not None:
             save_trial_note(self.study, outcome.number, note(TrialRecord.from_dict(doc)), version=1)

@@ -28,6 +28,8 @@ from typing import Any
 
 import optuna
 
+from tuner import hooks
+
 log = logging.getLogger(__name__)
 
 DRIVER = "tuner.driver"  # trial user attr: the id of the driver that runs it
@@ -66,7 +68,7 @@ class Liveness:
         self.say = say  # where "trial N was left running ..." goes (the terminal view once it is up)
         self.on_reap: list[Callable[[], object]] = []  # called after stale trials were failed, or a driver died
         self.study: Any = None
-        self._mine: dict[int, int] = {}  # trial number -> trial id, of the trials this driver runs
+        self._mine: dict[int, int | None] = {}  # trial number -> trial id, of the trials this driver runs
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -106,10 +108,10 @@ class Liveness:
 
     def claim(self, trial: optuna.trial.Trial) -> None:
         """Mark a trial just asked as this driver's: its first heartbeat, then the owner tag."""
-        self.study._storage.record_heartbeat(trial._trial_id)
+        hooks.record_heartbeat(self.study, hooks.trial_id(trial))
         trial.set_user_attr(DRIVER, self.driver)
         with self._lock:
-            self._mine[trial.number] = trial._trial_id
+            self._mine[trial.number] = hooks.trial_id(trial)
 
     def release(self, number: int) -> None:
         """The trial was told: stop beating for it."""
@@ -129,10 +131,9 @@ class Liveness:
         """
         stopped = []
         for number in self.mine():
-            trial = self.study._storage.get_trial(self._mine[number])
+            trial = hooks.frozen_trial(self.study, number)
             try:
-                self.study._storage.set_trial_user_attr(trial._trial_id, "reason", reason)
-                if self.study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
+                if hooks.fail_trial(self.study, trial, reason):
                     if self._may_rerun(trial):
                         self.study.enqueue_trial(trial.params, user_attrs={RERUN_OF: number}, skip_if_exists=False)
                     stopped.append(number)
@@ -153,7 +154,7 @@ class Liveness:
             if DRIVER in trial.user_attrs or (now - started).total_seconds() < self.grace:
                 continue
             try:  # a trial of a tuner without heartbeats: its own grace period has passed
-                if self.study._storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL):
+                if hooks.fail_trial(self.study, trial):
                     self._requeue(self.study, trial)
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # another launch failed it first
@@ -206,7 +207,7 @@ class Liveness:
                 ids = list(self._mine.values())
             try:
                 for trial_id in ids:
-                    self.study._storage.record_heartbeat(trial_id)
+                    hooks.record_heartbeat(self.study, trial_id)
                 self._beat_driver()
                 self._notice_dead_drivers()
             except Exception as exc:  # the storage did not answer: try again at the next beat
