@@ -288,3 +288,29 @@ def test_fail_trial_fails_a_running_trial_with_its_reason_and_through_tell_witho
     assert [t.state.name for t in trials] == ["FAIL", "FAIL"]
     assert trials[0].user_attrs == {"reason": "stopped"} and trials[1].user_attrs == {}  # no reason kept through tell
 
+
+def _package(root: Path, name: str, init: str) -> None:
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text(init)
+    (root / f"{name}_heavy.py").write_text("LOADED = True\n")
+
+
+def test_import_without_skips_an_eager_import_a_package_tolerates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As ``import tensorflow`` goes on without Keras' optimizers (tests/test_worker.py: the real one)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _package(tmp_path, "tolerant", "try:\n    import tolerant_heavy\nexcept ImportError:\n    HEAVY = False\n"
+                                   "else:\n    HEAVY = True\n")
+    _package(tmp_path, "strict", "import strict_heavy\n")
+    for name in ("tolerant", "tolerant_heavy", "strict", "strict_heavy"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    hooks.import_without("tolerant", ["tolerant_heavy"], unless="no_such_module")
+    assert sys.modules["tolerant"].HEAVY is False and "tolerant_heavy" not in sys.modules
+    import tolerant_heavy  # not kept from loading after the import
+
+    assert tolerant_heavy.LOADED
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        hooks.import_without("strict", ["strict_heavy"], unless="no_such_module")  # fails open: imported with it
+    assert "strict" in sys.modules and "strict_heavy" in sys.modules
+    assert "imported with nothing skipped" in caplog.text

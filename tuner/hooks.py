@@ -55,6 +55,11 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
 - :func:`fail_trial`: ``Study._storage`` and ``FrozenTrial._trial_id``, to fail a trial with a reason
   without its sampler hearing of it, as Optuna fails a stale trial (``tuner.driver.liveness``).
   Without it the trial is told FAIL through ``study.tell``, with no reason kept.
+- :func:`import_without`: writes ``None`` into ``sys.modules`` for Keras' optimizers while a worker
+  imports TensorFlow, whose ``__init__`` imports them eagerly and ignores their ImportError
+  (``tuner.worker.actor.import_tensorflow``), so that a worker loads Keras only if a model uses it.
+  Without it (a TensorFlow that no longer tolerates it) TensorFlow is imported with Keras, as it
+  is by default.
 
 ``tests/test_layout.py`` checks that no other module of tuner/ touches another library's private
 API. Imports neither TensorFlow nor Ray at module level: the driver imports this module (the Ray hook)
@@ -65,7 +70,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -527,3 +534,32 @@ def _delete_stored(trial: Any, step: int) -> None:
         return
     raise TypeError(f"{type(storage).__name__} cannot take back intermediate values")
 
+
+def import_without(module: str, skipped: Sequence[str], unless: str = "tensorflow") -> None:
+    """Import ``module`` with the modules ``skipped`` kept from loading: while it is imported, an
+    import of one of them fails at once (``None`` in ``sys.modules``), and a package that imports
+    them eagerly but tolerates their absence goes on without them. Nothing is skipped once
+    ``unless`` was imported (its eager imports are done).
+
+    For :func:`tuner.worker.actor.import_tensorflow`: ``import tensorflow`` imports Keras'
+    optimizers (for SavedModel registrations) and ignores their ImportError (TensorFlow's
+    ``__init__``); skipped, Keras loads only when a model uses it.
+
+    Fails open: if ``module`` raises the ImportError of a skipped module (a TensorFlow that no
+    longer tolerates it), it is imported again with nothing skipped, said at debug level.
+    """
+    blocked = [] if unless in sys.modules else [name for name in skipped if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]  # makes its import fail at once
+    try:
+        importlib.import_module(module)
+        return
+    except ImportError as exc:
+        if exc.name not in blocked:
+            raise
+        log.debug("%s needs %s: imported with nothing skipped", module, exc.name)
+    finally:
+        for name in blocked:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+    importlib.import_module(module)

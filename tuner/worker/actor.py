@@ -8,13 +8,13 @@ a Ray streaming generator: the driver sees each record as soon as it is yielded,
 from __future__ import annotations
 
 import os
-import sys
 import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+from tuner import hooks
 from tuner.records import RunRecord, RunSpec, RunStatus
 
 # what ``import tensorflow`` imports eagerly: Keras 3's optimizers, or Keras 2's with TF_USE_LEGACY_KERAS
@@ -45,15 +45,9 @@ def import_tensorflow() -> None:
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     use_legacy_keras()
-    blocked = [] if "tensorflow" in sys.modules else [m for m in KERAS_EAGER_IMPORTS if m not in sys.modules]
-    for name in blocked:
-        sys.modules[name] = None  # type: ignore[assignment]  # makes its import fail at once
-    try:
-        import tuner.worker.train  # noqa: F401  (the TensorFlow import, paid once per actor)
-    finally:
-        for name in blocked:
-            if name in sys.modules and sys.modules[name] is None:
-                del sys.modules[name]
+    # the TensorFlow import, paid once per actor, without Keras' eager imports (tuner.hooks.import_without)
+    hooks.import_without("tuner.worker.train", KERAS_EAGER_IMPORTS, unless="tensorflow")
+    import tuner.worker.train  # noqa: F401  (done above: names the import for readers and tests/test_layout.py)
 
 
 class TrialWorker:
