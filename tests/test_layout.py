@@ -9,6 +9,10 @@ and the layout's rule, visible in the tree:
 - ``tuner/*.py``: what both sides share (records, config, spaces, errors, ...). It imports neither
   side; only the command line (``tuner.cli``) dispatches to both, inside its functions.
 
+And every bet on another library's internals is in one file, ``tuner/hooks.py``: no other module
+touches a ``_``-prefixed attribute or module of Optuna, optuna-dashboard, MLflow, Ray, Keras or
+TensorFlow, nor writes ``sys.modules`` (:func:`private_uses`).
+
 ``bench/driver_footprint.py`` checks the same at run time (``tensorflow`` not in the driver's
 ``sys.modules`` after a launch).
 """
@@ -192,3 +196,117 @@ def test_layout_reads_relative_package_and_function_level_imports(tmp_path: Path
     known = {"tuner.x", "tuner.records", "tuner.models", "tuner.models.base"}
     found = {(i.target, i.top) for i in imports_of("tuner.x", path, known)}
     assert found == {("tuner.records", True), ("tuner.models.base", True), (TF, False)}
+
+
+HOOKS = "tuner.hooks"  # the one module that may use other libraries' private API (its docstring lists each use)
+# the libraries whose private API only tuner.hooks may touch
+LIBRARIES = {"optuna", "optuna_dashboard", "optuna_integration", "mlflow", "ray", "keras", "tf_keras", "tensorflow"}
+# private attributes of those libraries' objects (a study, a trial, a storage, a graph, Ray's node) that tuner
+# reaches for or once did; flagged on any object but the module's own ``self``/``cls``
+PRIVATE_NAMES = {
+    "_storage", "_study_id", "_trial_id", "_cached_frozen_trial", "_backend", "_rdb", "_get_trial", "_set_trial",
+    "_lock", "_create_scoped_session", "_get_stale_trial_ids", "_thread_local", "_filter_study", "_note",
+    "_private", "_global_node", "_create_op_internal", "_set_attr",
+}
+# modules that may write sys.modules other than tuner.hooks, and why
+SYS_MODULES_WRITERS = {
+    "tuner.models": "importlib's own recipe for importing a user's model file under tuner's own module name",
+}
+ATTR_CALLS = ("getattr", "hasattr", "setattr", "delattr")
+MODULES_WRITES = ("pop", "setdefault", "update", "clear", "__setitem__", "__delitem__", "popitem")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _root(node: ast.expr) -> ast.expr:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
+
+
+def _is_sys_modules(node: ast.expr) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "modules" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
+
+
+def private_uses(path: Path) -> list[str]:
+    """Where a module uses another library's private API: ``line: what``.
+
+    Flags an import of a ``_``-prefixed module or name of :data:`LIBRARIES`; a ``_``-prefixed attribute
+    reached from a name bound to one of their modules (``ray._private``, ``tf.Graph._create_op_internal``);
+    an attribute of :data:`PRIVATE_NAMES` on any object but ``self``/``cls`` (``study._storage``), also
+    through ``getattr``/``hasattr``/``setattr``/``delattr`` with the name as a literal; a write to
+    ``sys.modules``.
+    """
+    tree = ast.parse(path.read_text(), str(path))
+    library_names: set[str] = set()  # names the module binds to a library's module or object
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.partition(".")[0] in LIBRARIES:
+                    library_names.add(alias.asname or alias.name.partition(".")[0])
+                    if any(map(_private, alias.name.split("."))):
+                        found.append((node.lineno, f"import {alias.name}"))
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").partition(".")[0] in LIBRARIES:
+            module = node.module or ""
+            library_names.update(alias.asname or alias.name for alias in node.names)
+            for alias in node.names:
+                if any(map(_private, [*module.split("."), alias.name])):
+                    found.append((node.lineno, f"from {module} import {alias.name}"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            root = _root(node)
+            own = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+            if (isinstance(root, ast.Name) and root.id in library_names) or (node.attr in PRIVATE_NAMES and not own):
+                found.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ATTR_CALLS \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and node.args[1].value in PRIVATE_NAMES:
+            found.append((node.lineno, ast.unparse(node)))
+        found.extend((node.lineno, f"writes {ast.unparse(t)}") for t in _sys_modules_writes(node))
+    return [f"{line}: {what}" for line, what in sorted(set(found))]
+
+
+def _sys_modules_writes(node: ast.AST) -> list[ast.expr]:
+    """What ``node`` writes of ``sys.modules``: ``sys.modules[x] = ...``, ``del sys.modules[x]``,
+    ``sys.modules.pop(x)`` and the like, ``sys.modules = ...``."""
+    targets: list[ast.expr] = []
+    if isinstance(node, ast.Assign | ast.Delete):
+        targets = list(node.targets)
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MODULES_WRITES \
+            and _is_sys_modules(node.func.value):
+        return [node.func]
+    return [t for t in targets if _is_sys_modules(t) or (isinstance(t, ast.Subscript) and _is_sys_modules(t.value))]
+
+
+def test_layout_only_tuner_hooks_uses_other_libraries_private_api() -> None:
+    mods = modules()
+    wrong = {m: uses for m, path in mods.items() if m != HOOKS and (uses := private_uses(path))
+             and not (m in SYS_MODULES_WRITERS and all("writes sys.modules" in u for u in uses))}
+    assert not wrong, ("a private API of another library is used outside tuner/hooks.py (move it into a hook there "
+                       "that fails open, with a test): " + "; ".join(f"{m}: {u}" for m, u in wrong.items()))
+    assert private_uses(mods[HOOKS]), "the rule finds nothing even in tuner/hooks.py: it no longer reads the source"
+
+
+def test_layout_private_uses_flags_each_kind_of_private_use(tmp_path: Path) -> None:
+    source = (
+        "import sys\nimport ray._private.services as services\nfrom optuna.storages._rdb import models\n"
+        "import tensorflow as tf\nfrom optuna_dashboard import _note\n\n"
+        "class A:\n    def f(self, study, trial):\n        self._lock = 1\n        self._storage = 2\n"
+        "        x = study._storage.get_trial(trial._trial_id)\n        y = getattr(trial, '_cached_frozen_trial')\n"
+        "        z = tf.Graph._create_op_internal\n        sys.modules['keras'] = None\n"
+        "        del sys.modules['keras']\n        sys.modules.pop('keras')\n        return other._draw\n"
+    )
+    path = tmp_path / "x.py"
+    path.write_text(source)
+    assert private_uses(path) == [
+        "2: import ray._private.services", "3: from optuna.storages._rdb import models",
+        "5: from optuna_dashboard import _note", "11: study._storage", "11: trial._trial_id",
+        "12: getattr(trial, '_cached_frozen_trial')", "13: tf.Graph._create_op_internal",
+        "14: writes sys.modules['keras']", "15: writes sys.modules['keras']", "16: writes sys.modules.pop",
+    ]
