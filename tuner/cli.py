@@ -34,6 +34,8 @@ LAUNCH_FLAGS = (
 
 def add_launch(sub: Any) -> None:
     """The ``launch`` command's flags (every default lives in tuner.config.LaunchConfig)."""
+    from tuner.driver import pruning  # the one registry of pruner names (imports optuna, not TensorFlow)
+
     p = sub.add_parser("launch", help="run a stability search and write best_config.yaml",
                        description="Search for a training config that does not diverge.")
     p.add_argument("--config", help="launch YAML whose keys are these flags' names (flags win)")
@@ -72,14 +74,7 @@ def add_launch(sub: Any) -> None:
     p.add_argument("--verify-seeds", type=int,
                    help="fresh seeds the best configs are retrained on at the end; 0: no verification (default 16)")
     p.add_argument("--verify-steps", type=int, help="steps of a verification run (default: 2 x --steps)")
-    p.add_argument("--pruner", choices=("none", "behind", "first-seed", "median", "asha"),
-                   help="stop a finite trial that is behind, never counted as diverged: first-seed (a trial's first "
-                        "seed runs alone, stopped above 3x the lowest loss a finished trial's first seed had at the "
-                        "same step, from a sixth to half the steps; its other seeds run only if its validation loss "
-                        "is within 1.2x the best trial's), behind (above 1.5x the lowest loss a finished trial had "
-                        "at the same step, from a quarter to half the steps), median (behind the completed trials' "
-                        "median, from half its steps on) or asha (successive halving: only the best third goes on "
-                        "at a quarter of the steps, and again at 3x that) (default first-seed)")
+    p.add_argument("--pruner", choices=pruning.NAMES, help=pruning.help_text())
     p.add_argument("--min-survival", type=float,
                    help="bar for the 95%% lower bound of the verified survival rate (default 0.8)")
     p.add_argument("--verify-candidates", type=int,

@@ -37,6 +37,8 @@ def _spaces_dir() -> Path:
 
 
 SPACES_DIR = _spaces_dir()
+# the --pruner names, in the order they are listed; tuner.driver.pruning.PRUNERS gives each its entry
+PrunerName = Literal["none", "behind", "first-seed", "median", "asha"]
 
 
 class LaunchConfig(BaseModel):
@@ -72,7 +74,7 @@ class LaunchConfig(BaseModel):
     min_survival: float = Field(0.8, ge=0.0, le=1.0)
     verify_candidates: int = Field(3, ge=1)
     margin: bool = True
-    pruner: Literal["none", "behind", "first-seed", "median", "asha"] = "first-seed"
+    pruner: PrunerName = "first-seed"
     grace_period: int = Field(30, ge=2, le=86400)
     placement_timeout: float = Field(120.0, ge=1.0, le=86400.0)
     graph_reuse: bool = True
