@@ -91,7 +91,7 @@ class _Run:
 
 @dataclass
 class SimExecutor:
-    """An Executor (tuner.driver.search) whose seed runs are simulated: records at a fixed total rate.
+    """An Executor (tuner.driver.outcome) whose seed runs are simulated: records at a fixed total rate.
 
     The records of run r are due every ``slots / rate`` seconds; ``poll`` returns every record due
     by now (as Ray would hand over what the workers streamed meanwhile). A record's lag is measured
@@ -241,7 +241,8 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
     from tuner.driver import studyrecord
     from tuner.driver.liveness import Liveness
     from tuner.driver.progress import ProgressView
-    from tuner.driver.search import Budget, Search, make_pruner, make_sampler
+    from tuner.driver.pruning import make_pruner
+    from tuner.driver.search import Budget, Search, make_sampler
     from tuner.driver.tracking import Tracker
     from tuner.models import load_model
     from tuner.spaces import load_space

@@ -11,7 +11,7 @@ default budget with no pruner (``python -m tuner launch --trials 30 --steps 600 
 validation loss are recorded there.
 
 Replay: each rule is a pruner as a launch makes it (Optuna's own classes and tuner's
-``BehindBestPruner``, from ``tuner.driver.search``), on an in-memory Optuna study. The recorded
+``BehindBestPruner``, from ``tuner.driver.pruning``), on an in-memory Optuna study. The recorded
 trials are replayed into it in the order they were asked, each reporting its values as the search
 does and asked ``should_prune`` at the steps the search asks it, and told as the search tells it,
 cut where the pruner stopped it. A trial sees the earlier trials as the pruner left them (all of
@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import optuna
 from benchlib import median, print_header, python_locked, table
 
-from tuner.driver.search import BehindBestPruner, make_pruner, prune_start
+from tuner.driver.pruning import BehindBestPruner, make_pruner, prune_start
 
 TRIALS, STEPS = 30, 600
 

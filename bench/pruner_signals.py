@@ -236,7 +236,8 @@ def replay_search(trials: dict, kind: str) -> tuple[dict[int, int], dict[int, fl
     import optuna
 
     from tuner.driver.evidence import SeedStream
-    from tuner.driver.search import Budget, Search, make_pruner, prune_start
+    from tuner.driver.pruning import make_pruner, prune_start
+    from tuner.driver.search import Budget, Search
     from tuner.spaces import space_from
 
     ordered = [t for _, t in sorted(trials.items(), key=lambda kv: int(kv[0]))]

@@ -19,7 +19,10 @@ import optuna
 import pytest
 
 from tuner.driver.evidence import SeedStream
-from tuner.driver.search import RACE_Z, Budget, Callback, Search, judge, make_pruner, prune_start
+from tuner.driver.outcome import Callback, judge
+from tuner.driver.pruning import make_pruner, prune_start
+from tuner.driver.racing import RACE_Z
+from tuner.driver.search import Budget, Search
 from tuner.driver.trialrecord import ATTR, SeedStatus, read
 from tuner.models import Knob
 from tuner.records import DivergedOn, RunRecord, RunSpec, RunStatus, TrialState
@@ -424,7 +427,7 @@ THREE_FINISHED = [10**-2.9, 10**-2.1, 10**-2.12]
 
 
 def test_first_seed_pruner_runs_the_other_seeds_only_for_a_first_seed_within_1_2x_of_the_best_trial() -> None:
-    from tuner.driver.search import FirstSeedPruner
+    from tuner.driver.pruning import FirstSeedPruner
 
     lrs = [*THREE_FINISHED, 10**-3.5, 10**-2.15, 10**-2.95]  # validation losses 1.0, 0.1225, 0.2025 (+0.01)
     search, executor = first_seed_search(FirstSeedPruner(min_step=40, max_step=100, factor=100.0), lrs)
@@ -464,7 +467,7 @@ def test_first_seed_pruner_a_later_seed_diverging_before_the_first_seeds_last_re
         tmp_path: Path, storage: str) -> None:
     """The first seed survives all 200 steps (reported every 20); the second diverges at 130: Optuna's
     NaN is at 130, the step the record (and so MLflow's tags) give, and the trial has no value."""
-    from tuner.driver.search import FirstSeedPruner
+    from tuner.driver.pruning import FirstSeedPruner
 
     executor = FakeExecutor(slots=1, at={spec_seeds(3)[1]: 130})
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0),
@@ -485,7 +488,7 @@ def test_first_seed_pruner_a_later_seed_diverging_before_the_first_seeds_last_re
 
 
 def test_behind_pruner_compares_finished_trials_at_the_same_step_from_its_first_step_to_its_last() -> None:
-    from tuner.driver.search import BehindBestPruner
+    from tuner.driver.pruning import BehindBestPruner
 
     study = optuna.create_study(pruner=BehindBestPruner(min_step=50, max_step=100))
     for final in (1.0, 2.0, 3.0):  # finished trials: 1.0 is the best at step 50 (and at 125)

@@ -75,7 +75,7 @@ def test_tracker_logs_telemetry_forensics_tags_and_divergence_json(tmp_path: Pat
     """A real diverging run, judged and logged to a real MLflow store (no Ray)."""
     from mlflow.tracking import MlflowClient
 
-    from tuner.driver.search import judge
+    from tuner.driver.outcome import judge
     from tuner.driver.tracking import Tracker
     from tuner.worker.train import train_run
 

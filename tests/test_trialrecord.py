@@ -259,7 +259,7 @@ def verification(survived: int) -> Verification:
 def test_a_stopped_trial_reads_stopped_with_its_reason_in_the_pruners_own_words() -> None:
     """The reasons come from real searches (tests/test_search.py's fake executor): a rewording there fails here."""
     from tests.test_search import THREE_FINISHED, first_seed_search
-    from tuner.driver.search import FirstSeedPruner, make_pruner
+    from tuner.driver.pruning import FirstSeedPruner, make_pruner
 
     search, _ = first_seed_search(FirstSeedPruner(min_step=40, max_step=100, factor=100.0),
                                   [*THREE_FINISHED, 10**-3.5])

@@ -114,8 +114,8 @@ def stopped_outcome(number: int) -> TrialOutcome:
 
 def told_study(outcomes: list[TrialOutcome]) -> optuna.Study:
     """An in-memory study holding ``outcomes``, each told as the search tells it (its record, its
-    intermediate values, then tuner.driver.search.tell)."""
-    from tuner.driver.search import tell
+    intermediate values, then tuner.driver.outcome.tell)."""
+    from tuner.driver.outcome import tell
     from tuner.driver.trialrecord import ATTR, TrialRecord
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -59,7 +59,8 @@ def _launch(config: LaunchConfig) -> dict[str, Any]:
     from tuner.driver.executor import RayExecutor
     from tuner.driver.export import best_config
     from tuner.driver.progress import ProgressView
-    from tuner.driver.search import Budget, Search, prune_start
+    from tuner.driver.pruning import prune_start
+    from tuner.driver.search import Budget, Search
     from tuner.driver.verify import Runner, verify_study
 
     model, space = prepare(config)
@@ -320,7 +321,8 @@ def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | No
     """
     import optuna
 
-    from tuner.driver.search import make_pruner, make_sampler
+    from tuner.driver.pruning import make_pruner
+    from tuner.driver.search import make_sampler
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     searched = len(space.searched())

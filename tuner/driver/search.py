@@ -1,42 +1,28 @@
 """The search driver: Optuna ask/tell over seed runs streamed back by an executor.
 
-A trial is one config on K seeds, run in parallel (with ``--pruner first-seed``, the default: its first
-seed alone, then the others in parallel if it kept up; :class:`FirstSeedPruner`). How a trial ends
-(see docs/concepts.md):
+A trial is one config on K seeds from the study's seed stream (``tuner.driver.evidence.SeedStream``),
+run in parallel; the loop asks, submits, polls and tells, and acts on what the policies decide
+(:class:`~tuner.driver.outcome.Decision`): which seeds run first (``tuner.driver.seeding``: with
+``--pruner first-seed``, the default, the first seed alone), which trials race on more seeds before
+they are told (``tuner.driver.racing``). The pruner (``tuner.driver.pruning``) stops a finite trial
+that is behind; one diverged seed makes the trial diverged, its siblings cancelled once past that
+step. How a trial ends is decided in one place (``tuner.driver.outcome.judge``; docs/concepts.md),
+and written once, as its :class:`~tuner.driver.trialrecord.TrialRecord`.
 
-- every seed reached the budget: COMPLETE, with the validation loss averaged over seeds;
-- a seed went non-finite at step s: each sibling is cancelled once it has passed step s (or ended
-  by itself), so a sibling that would diverge before s does, and the trial's earliest divergence
-  does not depend on which worker ran faster; NaN is reported as the intermediate value at that
-  step (TPE ranks pruned trials by their last reported step; the trial gets no value) and the trial
-  is PRUNED;
-- a seed failed (model error, or its worker died more than ``max_retries`` times): FAIL;
-- the pruner found a finite trial behind: STOPPED (told PRUNED, never counted as diverged).
-
-A trial's seeds come from the study's seed stream (``tuner.driver.evidence.SeedStream``), not 0..K-1
-for every trial. A COMPLETE trial that could become the best races on more seeds before it is
-told (see :class:`Search`). A COMPLETE trial whose validation loss is not below its loss at
-initialisation did not learn (``TrialRecord.learned``): it is never raced nor exported. What the
-search learned about a trial is written once, as its :class:`~tuner.driver.trialrecord.TrialRecord`.
-
-Only this driver talks to the Optuna storage; callbacks (MLflow tracking, the terminal view) hear
-``on_trial_start``, ``on_trial_result`` and ``on_trial_complete``, and ``on_phase_start`` /
-``on_phase_end`` for the race levels, verification and margin runs of a config. A callback only
-listens (optuna-integration's MLflowCallback): the search never asks one anything back, so a
-trial's record holds nothing a callback made (its MLflow run is found by its tags:
-``tuner.driver.mlflow_runs``).
+Only this driver talks to the Optuna storage; callbacks (MLflow tracking, the terminal view) only
+listen (``tuner.driver.outcome.Callback``, as optuna-integration's MLflowCallback): the search never
+asks one anything back, so a trial's record holds nothing a callback made (its MLflow run is found
+by its tags: ``tuner.driver.mlflow_runs``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 import optuna
 
@@ -44,60 +30,17 @@ from tuner.driver import signals
 from tuner.driver.evidence import SeedStream
 from tuner.driver.intermediate import Reports
 from tuner.driver.liveness import DUPLICATE_OF, Liveness
-from tuner.driver.trialrecord import ATTR, TrialRecord, read
-from tuner.hooks import is_enqueued, tell_pruned_without_value
+from tuner.driver.outcome import Act, Callback, Compute, Decision, Executor, Stop, judge, tell
+from tuner.driver.pruning import stop_reason
+from tuner.driver.racing import Racing, standing
+from tuner.driver.seeding import SeedPolicy, seed_policy
+from tuner.driver.trialrecord import ATTR, TrialRecord
+from tuner.hooks import is_enqueued
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
 
 log = logging.getLogger(__name__)
-RACE_Z = 1.0  # a challenger races past a trial on more seeds only when better by this many standard errors
 _MAX_DUPLICATES = 20  # duplicates asked in one launch after which the space counts as exhausted
-_OPTUNA_STATE = {
-    TrialState.COMPLETE: optuna.trial.TrialState.COMPLETE,
-    TrialState.PRUNED: optuna.trial.TrialState.PRUNED,
-    TrialState.STOPPED: optuna.trial.TrialState.PRUNED,
-    TrialState.FAIL: optuna.trial.TrialState.FAIL,
-}
-
-
-class Executor(Protocol):
-    """Runs seed runs somewhere and streams their records back (see tuner.driver.executor)."""
-
-    def free(self) -> int:
-        """Slots a newly submitted run would not wait for."""
-        ...
-
-    def submit(self, spec: RunSpec) -> None:
-        """Queue one seed run."""
-        ...
-
-    def cancel(self, trial: int) -> None:
-        """Cancel the trial's queued and running seed runs; each ends with a final record."""
-        ...
-
-    def poll(self, timeout: float) -> list[RunRecord]:
-        """Records since the last call, waiting up to ``timeout`` seconds for one."""
-        ...
-
-
-class Callback(Protocol):
-    """Hears about trials as they start, report and end (Ray Tune's vocabulary), and about the
-    checks (race levels, verification, margin) a trial's config goes through."""
-
-    def on_trial_start(self, number: int, config: TrainConfig, seeds: Sequence[int]) -> None:
-        """A trial was asked and its search runs (on ``seeds``, in that order) submitted."""
-
-    def on_trial_result(self, record: RunRecord) -> None:
-        """A seed run (of any phase: ``record.phase``) streamed a record."""
-
-    def on_trial_complete(self, outcome: TrialOutcome) -> None:
-        """A trial ended (its search runs and any race levels) and was told to Optuna."""
-
-    def on_phase_start(self, number: int, phase: Phase, config: TrainConfig, seeds: Sequence[int]) -> None:
-        """Runs of another phase than the search started for trial ``number``'s config."""
-
-    def on_phase_end(self, outcome: TrialOutcome) -> None:
-        """Those runs ended; ``outcome`` covers them alone (``outcome.phase``)."""
 
 
 @dataclass(frozen=True)
@@ -142,9 +85,8 @@ class _Trial:
     reached: dict[int, int] = field(default_factory=dict)  # seed -> last step it reported, this phase
     diverged_at: int | None = None  # the earliest divergence step seen in this phase
     cancelled: bool = False
-    stopped_at: int | None = None  # the step at which the pruner stopped it
-    deferred: tuple[int, ...] = ()  # seeds that run once the first one kept up (``--pruner first-seed``)
-    behind: str = ""  # why its first seed's validation loss stopped it (``--pruner first-seed``)
+    stop: Stop | None = None  # why and at which step it was stopped while finite (the pruner, the seed policy)
+    deferred: tuple[int, ...] = ()  # seeds that run once the seed policy says so (``--pruner first-seed``)
 
     def records(self, phase_only: bool = False) -> dict[int, RunRecord]:
         """Final records in seed order (search seeds first): this phase's, or every phase's."""
@@ -156,29 +98,14 @@ class _Trial:
 class Search:
     """Runs ``budget.trials`` trials of ``space`` on ``executor`` (see the module docs).
 
-    Racing (SMAC3's intensification): a trial whose seeds all survived and that could become the
-    best is not told yet: it runs on the next race level's seeds, shared by every raced trial. It
-    could become the best when its validation loss is below that of every trial that survived as
-    many seeds, and below that of every trial that survived more seeds by more than the seeds'
-    noise (``RACE_Z`` standard errors of the difference, from that trial's spread over its seeds):
-    a challenger within the noise of a raced incumbent is not worth its race runs. One diverging
-    race seed makes it PRUNED (TPE is told); a trial that falls behind stops racing and is told
-    COMPLETE on the seeds it has. A trial behind only trials still racing waits (no runs, not
-    told) until their races decide whether it could lead. ``stream`` gives every run its seed.
+    ``stream`` gives every run its seed; ``seeding`` decides which search seeds run first (default:
+    the one the study's pruner carries, ``tuner.driver.seeding.seed_policy``); ``self.racing``
+    (``tuner.driver.racing``) which trials earn race seeds.
     """
 
-    def __init__(
-        self,
-        study: optuna.Study,
-        space: SearchSpace,
-        model: str,
-        executor: Executor,
-        budget: Budget,
-        callbacks: Sequence[Callback] = (),
-        skip: Skip | None = None,
-        stream: SeedStream | None = None,
-        liveness: Liveness | None = None,
-    ) -> None:
+    def __init__(self, study: optuna.Study, space: SearchSpace, model: str, executor: Executor, budget: Budget,
+                 callbacks: Sequence[Callback] = (), skip: Skip | None = None, stream: SeedStream | None = None,
+                 liveness: Liveness | None = None, seeding: SeedPolicy | None = None) -> None:
         self.study, self.space, self.model = study, space, model
         self.skip = skip or Skip()  # samples the data preflight left out of every run
         self.executor, self.budget, self.callbacks = executor, budget, list(callbacks)
@@ -187,14 +114,11 @@ class Search:
         self._reports = Reports()  # intermediate values, written in batches (tuner.driver.intermediate)
         self.outcomes: list[TrialOutcome] = []
         self.compute = Compute()
-        # trial number -> (seeds survived, validation loss) of every trial that survived and learned
-        self._standing: dict[int, tuple[int, float]] = standing(study)
+        self.seeding = seeding or seed_policy(study.pruner)
+        self.racing = Racing(budget.race_levels(), budget.seeds, standing(study))
         # trial number -> params of the configs earlier launches trained: never trained again
         self._held = {t.number: t.params for t in study.get_trials(deepcopy=False)
                       if t.state.is_finished() and DUPLICATE_OF not in t.user_attrs}
-        self._racing: set[int] = set()  # trials whose race runs are in flight
-        self._spread: dict[int, float] = {}  # trial number -> standard deviation of its seeds' validation losses
-        self._waiting: dict[int, TrialOutcome] = {}  # trials waiting for a race to decide theirs
         self.liveness = liveness  # heartbeats and a study shared with other drivers (None: this one alone)
         self._open: tuple[float, int, int] = (0.0, 0, 0)  # (when counted, trials to ask, others' running)
         self.duplicates = 0  # trials asked whose config the study already held (told FAIL, not trained)
@@ -243,7 +167,7 @@ class Search:
             self._skip_duplicate(trial, twin)
             return False
         seeds = self.stream.search(trial.number, self.budget.seeds)
-        first = seeds[:1] if isinstance(self.study.pruner, FirstSeedPruner) else seeds
+        first = self.seeding.first(seeds)
         self._active[trial.number] = _Trial(trial, config, first, deferred=seeds[len(first):])
         for cb in self.callbacks:
             cb.on_trial_start(trial.number, config, seeds)
@@ -333,93 +257,41 @@ class Search:
     def _stop(self, active: _Trial, step: int) -> None:
         """The pruner found this finite trial behind: stop its runs (it is not a divergence)."""
         if not active.cancelled:
-            active.cancelled, active.stopped_at = True, step
+            active.cancelled, active.stop = True, Stop(step, stop_reason(self.study.pruner, step))
             self.executor.cancel(active.trial.number)
 
     def _phase_done(self, active: _Trial) -> None:
+        """The runs of the trial's phase ended: judge it, and act on its seed policy's and racing's decisions."""
         number = active.trial.number
-        if active.deferred and self._first_seed_kept_up(active):
-            return
+        outcome = judge(number, active.config, active.records(), stop=active.stop)
+        if active.deferred:
+            decision = self.seeding.after_first(outcome, active.stop is not None, self.racing.values())
+            if decision.act is Act.RUN:
+                self._run_deferred(active)
+                return
+            active.deferred = ()  # they never run
+            if decision.state is TrialState.STOPPED:
+                active.stop = Stop(self.budget.steps, decision.reason, ended=True)
+                outcome = judge(number, active.config, active.records(), stop=active.stop)
         if active.phase is not Phase.SEARCH:
             part = judge(number, active.config, active.records(phase_only=True), phase=active.phase)
             for cb in self.callbacks:
                 cb.on_phase_end(part)
-        outcome = judge(number, active.config, active.records())
-        if active.stopped_at is not None and outcome.state is TrialState.FAIL and all(
-            r.status is not RunStatus.FAILED for r in outcome.seeds
-        ):
-            reason = stop_reason(self.study.pruner, active.stopped_at)
-            outcome = replace(outcome, state=TrialState.STOPPED, reason=reason)
-        elif active.behind and outcome.state is TrialState.COMPLETE:  # its first seed was behind
-            outcome = replace(outcome, state=TrialState.STOPPED, value=None, reason=active.behind)
-        self._standing.pop(number, None)
-        self._racing.discard(number)
-        if outcome.state is TrialState.COMPLETE and outcome.learned is not False and outcome.value is not None:
-            self._standing[number] = (len(outcome.seeds), outcome.value)
-            losses = [r.val_loss for r in outcome.seeds if r.val_loss is not None]
-            self._spread[number] = statistics.stdev(losses) if len(losses) > 1 else 0.0
-            self._decide(active, outcome)
-        else:
-            self._finish(active, outcome)
-        for waiting in sorted(self._waiting.values(), key=lambda o: o.value or 0.0):
-            del self._waiting[waiting.number]
-            self._decide(self._active[waiting.number], waiting)
+        self._act(active, outcome, self.racing.on_trial_result(outcome))
+        for waiting, decision in self.racing.reconsider():
+            self._act(self._active[waiting.number], waiting, decision)
 
-    def _first_seed_kept_up(self, active: _Trial) -> bool:
-        """``--pruner first-seed``, once the first seed ended: run the deferred seeds (True) if it
-        survived with a validation loss within ``val_factor`` x the best trial's; otherwise the trial
-        ends on that seed (STOPPED, or as the seed ended: diverged, failed or stopped)."""
-        pruner = self.study.pruner
-        assert isinstance(pruner, FirstSeedPruner)
-        first = judge(active.trial.number, active.config, active.records())
-        if active.stopped_at is not None or first.state is not TrialState.COMPLETE or first.value is None:
-            return False
-        best = [value for _, value in self._standing.values()]
-        if pruner.behind_after_first(first.value, best):
-            active.stopped_at = self.budget.steps
-            active.behind = (f"its first seed's validation loss {first.value:.4g} was more than {pruner.val_factor:g}x "
-                             f"the best trial's {min(best):.4g}; its other seeds were not run")
-            return False
+    def _run_deferred(self, active: _Trial) -> None:
         deferred, active.deferred = active.deferred, ()
         active.seeds = (*active.seeds, *deferred)
         self._submit(active.trial.number, active.config, deferred, Phase.SEARCH)
-        return True
 
-    def _decide(self, active: _Trial, outcome: TrialOutcome) -> None:
-        """Race the trial on, let it wait for a race that decides whether it could win, or tell it."""
-        have, number = len(outcome.seeds), outcome.number
-        level = next((n for n in self.budget.race_levels() if n > have), None)
-        better = [n for n, (seeds, value) in self._standing.items()
-                  if n != number and seeds >= have and outcome.value is not None
-                  and value <= outcome.value + self._noise(n, seeds, have)]
-        if level is not None and not better:
-            self._race(active, level)
-        elif level is not None and all(n in self._racing for n in better):
-            self._waiting[number] = outcome  # behind trials still racing: it may lead once they fall out
-        else:
-            if level is not None:  # why it was not raced on, in the record (tuner.driver.trialrecord.why_not)
-                leader = min(better, key=lambda n: self._standing[n][1])
-                outcome = replace(outcome, reason=self._not_raced(outcome, leader))
-            self._finish(active, outcome)
-
-    def _not_raced(self, outcome: TrialOutcome, leader: int) -> str:
-        """``0.0473 on 2 seeds is within 1 standard error of trial 4's 0.0545 on 8 seeds; not raced``, or
-        ``behind trial 4's 0.0545 on 8 seeds; not raced``."""
-        seeds, value = self._standing[leader]
-        mine = f"{outcome.value:.4g} on {len(outcome.seeds)} seeds"
-        theirs = f"trial {leader}'s {value:.4g} on {seeds} seeds"
-        further = " further" if len(outcome.seeds) > self.budget.seeds else ""
-        if outcome.value is not None and value > outcome.value:
-            return f"{mine} is within {RACE_Z:g} standard error of {theirs}; not raced{further}"
-        return f"behind {theirs}; not raced{further}"
-
-    def _noise(self, incumbent: int, seeds: int, have: int) -> float:
-        """How far a trial on ``have`` seeds must beat ``incumbent`` (on ``seeds``) to race past it:
-        ``RACE_Z`` standard errors of the difference of the two means, with the incumbent's spread
-        over its seeds standing for both (0 against a trial on as many seeds, or of an earlier launch)."""
-        if seeds <= have:
-            return 0.0
-        return RACE_Z * self._spread.get(incumbent, 0.0) * (1.0 / have + 1.0 / seeds) ** 0.5
+    def _act(self, active: _Trial, outcome: TrialOutcome, decision: Decision) -> None:
+        """Race the trial to ``decision.seeds``, leave it waiting, or tell it (with the decision's reason)."""
+        if decision.act is Act.RUN:
+            self._race(active, decision.seeds)
+        elif decision.act is Act.TELL:
+            self._finish(active, replace(outcome, reason=decision.reason) if decision.reason else outcome)
 
     def _race(self, active: _Trial, level: int) -> None:
         raced = len(active.earlier) + len(active.finals) - self.budget.seeds
@@ -427,14 +299,13 @@ class Search:
         active.earlier.update(active.records(phase_only=True))
         active.finals, active.seeds, active.phase, active.cancelled = {}, seeds, Phase.RACE, False
         active.reached, active.diverged_at = {}, None
-        self._racing.add(active.trial.number)
         for cb in self.callbacks:
             cb.on_phase_start(active.trial.number, Phase.RACE, active.config, seeds)
         self._submit(active.trial.number, active.config, seeds, Phase.RACE)
 
     def _finish(self, active: _Trial, outcome: TrialOutcome) -> None:
         number = active.trial.number
-        record = TrialRecord.from_outcome(outcome, self.budget.steps, active.stopped_at)
+        record = TrialRecord.from_outcome(outcome, self.budget.steps, active.stop.step if active.stop else None)
         try:
             self._report_values(active, outcome)  # its intermediate values, before it is told
             active.trial.set_user_attr(ATTR, record.to_dict())
@@ -452,15 +323,12 @@ class Search:
     def _report_values(self, active: _Trial, outcome: TrialOutcome) -> None:
         """Write the trial's values; a diverged trial's end with NaN at its divergence step.
 
-        The NaN goes at the step its earliest seed diverged at: the step its record and MLflow tags
-        give. A seed run after the first ones (the deferred seeds of ``--pruner first-seed``, a race
-        seed) may diverge before a step those reported: their values from that step on are taken
-        back first (:meth:`~tuner.driver.intermediate.Reports.retract`), so the NaN is the last
-        value (where a storage cannot take them back, it goes after them). TPE ranks a pruned trial
-        by its last reported step, so by how long it survived, and Optuna gives a PRUNED trial whose
-        last value is NaN no value, so a diverged trial's training loss is not shown as its
-        validation loss (optuna-dashboard's history and slice plots draw trials' values on the
-        val_loss axis).
+        The NaN goes at the step its earliest seed diverged at (the step its record and MLflow tags
+        give): a later seed run (deferred, or a race seed) may diverge before a step the first ones
+        reported, so their values from that step on are taken back first (``Reports.retract``; where a
+        storage cannot, the NaN goes after them). TPE ranks a pruned trial by its last reported step,
+        and Optuna gives a PRUNED trial whose last value is NaN no value, so no training loss is shown
+        on the val_loss axis.
         """
         first = outcome.divergence if outcome.state is TrialState.PRUNED else None
         if first is None:
@@ -468,63 +336,6 @@ class Search:
             return
         kept = self._reports.retract(active.trial, first.step)  # and the rest written
         active.trial.report(float("nan"), first.step if kept is None else kept + 1)
-
-
-def tell(study: optuna.Study, number: int, outcome: TrialOutcome) -> None:
-    """Tell Optuna how trial ``number`` ended; a trial the pruner stopped gets no value.
-
-    ``study.tell(state=PRUNED)`` gives a pruned trial its last intermediate value as its value when that
-    is finite (``optuna/study/_tell.py``): the last *training* loss of a stopped trial, which
-    optuna-dashboard then plots on the ``val_loss`` axis. TPE ranks pruned trials by their
-    intermediate values alone (last step, then last value: ``_get_pruned_trial_score``), never by
-    the value, so a stopped trial is told with no value and TPE sees the same trials. A diverged
-    trial's last intermediate value is NaN already (:meth:`Search._report_values`).
-    """
-    if outcome.state is not TrialState.STOPPED or not tell_pruned_without_value(study, number):
-        study.tell(number, outcome.value, state=_OPTUNA_STATE[outcome.state])
-
-
-@dataclass
-class Compute:
-    """Seed runs, training steps and worker seconds per phase: what a launch cost.
-
-    Seconds are a run's time in its worker, build or reuse of its graph to its final record
-    (``info["run_seconds"]``); a run cancelled before its worker sent a final record counts none.
-    """
-
-    runs: dict[str, int] = field(default_factory=dict)
-    steps: dict[str, int] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    def add(self, record: RunRecord) -> None:
-        """Count a final record: the steps its run trained (a diverged step counts)."""
-        phase = record.phase.value
-        trained = record.steps_survived + (record.status is RunStatus.DIVERGED)
-        self.runs[phase] = self.runs.get(phase, 0) + 1
-        self.steps[phase] = self.steps.get(phase, 0) + trained
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + float(record.info.get("run_seconds", 0.0))
-
-    def merge(self, other: Compute) -> None:
-        """Add ``other``'s counts to these."""
-        for phase, runs in other.runs.items():
-            self.runs[phase] = self.runs.get(phase, 0) + runs
-            self.steps[phase] = self.steps.get(phase, 0) + other.steps.get(phase, 0)
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + other.seconds.get(phase, 0.0)
-
-    def by_phase(self) -> dict[str, dict[str, float]]:
-        """phase -> {runs, steps, seconds}."""
-        return {p: {"runs": float(self.runs[p]), "steps": float(self.steps.get(p, 0)),
-                    "seconds": round(self.seconds.get(p, 0.0), 3)} for p in self.runs}
-
-
-def standing(study: optuna.Study) -> dict[int, tuple[int, float]]:
-    """Trial number -> (seeds survived, validation loss) of the study's COMPLETE trials that learned."""
-    out = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        record = read(t)
-        if t.value is not None and record is not None and record.learned is not False:
-            out[t.number] = (len(record.seeds), float(t.value))
-    return out
 
 
 def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.BaseSampler:
@@ -543,133 +354,3 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
                                           n_startup_trials=startup)
 
-
-ASHA_REDUCTION = 3  # successive halving keeps the best third of the trials at each rung
-BEHIND_FACTOR = 1.5  # ``behind`` stops a trial whose loss is above this many times the best at the same step
-FIRST_SEED_FACTOR = 3.0  # ``first-seed``: its training-loss rule, while the first seed runs
-FIRST_SEED_VAL_FACTOR = 1.2  # ``first-seed``: the first seed's validation loss against the best trial's
-
-
-class BehindBestPruner(optuna.pruners.BasePruner):
-    """Stop a trial whose loss at a step is more than ``factor`` x the lowest loss that a finished
-    trial (survived, diverged later, or stopped later) had at the same step, between ``min_step``
-    and ``max_step`` and once ``min_trials`` finished trials reached that step. Running trials are
-    not compared: their values reach the storage in batches (tuner.driver.intermediate).
-
-    Chosen with bench/pruner_replay.py and real launches (BENCHMARKS.md): the training loss ranks the
-    final validation loss weakly on the shipped models (Spearman about 0.6 at a quarter of the
-    steps), so a rank cut (ASHA's best third) stops the eventual best too often; a trial far behind
-    the best is rarely the winner. Late in a run the training loss sits on a floor of batch noise
-    (4-5x the validation loss on iterated_mlp), where the ratio stops good trials for little
-    saving, hence ``max_step``.
-    """
-
-    def __init__(self, min_step: int, max_step: int | None = None, factor: float = BEHIND_FACTOR,
-                 min_trials: int = 3) -> None:
-        self.min_step, self.max_step, self.factor, self.min_trials = min_step, max_step, factor, min_trials
-
-    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        step = trial.last_step
-        if step is None or step < self.min_step or (self.max_step is not None and step > self.max_step):
-            return False
-        value = trial.intermediate_values[step]
-        if not math.isfinite(value):
-            return False  # a divergence is the search's to report, not the pruner's
-        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-        others = [v for t in study.get_trials(deepcopy=False, states=finished)
-                  if (v := t.intermediate_values.get(step)) is not None and math.isfinite(v)]
-        return len(others) >= self.min_trials and value > self.factor * min(others)
-
-
-class FirstSeedPruner(BehindBestPruner):
-    """Run a trial's first seed alone; its other seeds run only if that seed kept up.
-
-    While the first seed trains (the trial's reported values are that seed's), it is stopped above
-    ``factor`` x the lowest loss a finished trial's first seed had at the same step, between
-    ``min_step`` and ``max_step`` (:class:`BehindBestPruner`). When it survives to the end, the
-    search asks :meth:`behind_after_first`: a first seed whose validation loss is above
-    ``val_factor`` x the best validation loss of a trial that survived all its seeds stops the trial
-    there, its other seeds never run.
-
-    Why (BENCHMARKS.md, bench/pruner_signals.py): on iterated_mlp one seed's final validation loss
-    ranks another seed's better (Spearman 0.69) than any reading a quarter of the way in does
-    (0.59), and a trial stopped after its first seed saves that seed's siblings whole. In 21 real
-    launches at the default budget it trained 38.5 % fewer search steps (median) than no pruner,
-    with exports as good as a distribution (median held-out validation loss 1.004x); so it is the
-    default.
-    """
-
-    def __init__(self, min_step: int, max_step: int | None = None, factor: float = FIRST_SEED_FACTOR,
-                 val_factor: float = FIRST_SEED_VAL_FACTOR, min_trials: int = 3) -> None:
-        super().__init__(min_step, max_step, factor, min_trials)
-        self.val_factor = val_factor
-
-    def behind_after_first(self, val_loss: float, best: Sequence[float]) -> bool:
-        """Whether a first seed that survived with ``val_loss`` is behind ``best`` (the validation
-        losses of the trials that survived all their seeds; none is compared under ``min_trials``)."""
-        return len(best) >= self.min_trials and val_loss > self.val_factor * min(best)
-
-
-def prune_start(kind: str, steps: int) -> int:
-    """The first step at which ``kind`` may stop a finite trial (0: never): half the steps for
-    ``median``, a quarter for ``behind`` and ``asha`` (its first rung; the next ones at 3x and 9x
-    that step), a sixth for ``first-seed``."""
-    return {"median": steps // 2, "behind": max(1, steps // 4), "asha": max(1, steps // 4),
-            "first-seed": max(1, steps // 6)}.get(kind, 0)
-
-
-def make_pruner(kind: str, steps: int = 0) -> optuna.pruners.BasePruner:
-    """The study's pruner for trials of ``steps`` steps: ``none``, ``behind``, ``first-seed``,
-    ``median`` or ``asha``.
-
-    Each only ever stops a finite trial whose mean training loss (``loss_mean``, over the steps
-    since the last report, the seeds averaged) is behind, and only from :func:`prune_start` on:
-    such a trial is STOPPED, never counted as diverged. ``behind``: above 1.5x the lowest loss a
-    finished trial had at the same step, up to half the steps (:class:`BehindBestPruner`).
-    ``first-seed``: a trial's first seed runs alone and is stopped above 3x the lowest loss a
-    finished trial's first seed had at the same step (a sixth to half the steps); its other seeds
-    run only if its validation loss is within 1.2x the best trial's (:class:`FirstSeedPruner`).
-    ``median``: behind the median of the completed trials at the same step (Optuna's MedianPruner
-    once 5 trials completed). ``asha``: not in the best third of the trials that reached the same
-    rung (Optuna's SuccessiveHalvingPruner, asynchronous: rungs at a quarter of the steps, then 3x,
-    9x that).
-    """
-    if kind == "behind":
-        return BehindBestPruner(prune_start(kind, steps), max_step=steps // 2)
-    if kind == "first-seed":
-        return FirstSeedPruner(prune_start(kind, steps), max_step=steps // 2)
-    if kind == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
-    if kind == "asha":
-        return optuna.pruners.SuccessiveHalvingPruner(
-            min_resource=prune_start(kind, steps), reduction_factor=ASHA_REDUCTION, min_early_stopping_rate=0)
-    return optuna.pruners.NopPruner()
-
-
-def stop_reason(pruner: optuna.pruners.BasePruner, step: int) -> str:
-    """Why ``pruner`` stopped a finite trial at ``step``, in words."""
-    if isinstance(pruner, optuna.pruners.SuccessiveHalvingPruner):
-        return f"at step {step} its loss was not in the best third of the trials that reached that step"
-    if isinstance(pruner, FirstSeedPruner):
-        return (f"at step {step} its first seed's loss was more than {pruner.factor:g}x the lowest loss a finished "
-                "trial's first seed had at that step; its other seeds were not run")
-    if isinstance(pruner, BehindBestPruner):
-        return (f"at step {step} its loss was more than {pruner.factor:g}x the lowest loss a finished trial had "
-                "at that step")
-    return f"at step {step} its loss was behind the median of the completed trials"
-
-
-def judge(
-    number: int, config: TrainConfig, finals: dict[int, RunRecord], phase: Phase = Phase.SEARCH
-) -> TrialOutcome:
-    """The state of a trial from its seeds' final records (in the order they were given):
-    diverged > failed > survived."""
-    seeds = tuple(finals.values())
-    if any(r.status is RunStatus.DIVERGED for r in seeds):
-        return TrialOutcome(number, config, TrialState.PRUNED, seeds, phase=phase)
-    failed = [r for r in seeds if r.status is RunStatus.FAILED]
-    if failed or any(r.status is not RunStatus.SURVIVED for r in seeds):
-        reason = (failed[0].error or "failed") if failed else "a seed run ended early"
-        return TrialOutcome(number, config, TrialState.FAIL, seeds, reason=reason, phase=phase)
-    value = statistics.fmean(r.val_loss for r in seeds if r.val_loss is not None)
-    return TrialOutcome(number, config, TrialState.COMPLETE, seeds, value=value, phase=phase)

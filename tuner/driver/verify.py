@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.driver import signals
 from tuner.driver.evidence import MARGIN_FACTORS, Choice, Margin, SeedStream, Verification, bar_reachable, choose
-from tuner.driver.search import Callback, Compute, Executor, judge
+from tuner.driver.outcome import Callback, Compute, Executor, judge
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome
 
 if TYPE_CHECKING:
