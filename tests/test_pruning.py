@@ -43,7 +43,7 @@ def test_make_pruner_builds_each_registered_kind_and_its_start(name: str) -> Non
 def test_make_pruner_of_an_unknown_name_prunes_nothing_and_pruning_names_the_valid_ones() -> None:
     assert isinstance(make_pruner("bogus", 100), optuna.pruners.NopPruner) and prune_start("bogus", 100) == 0
     with pytest.raises(ValueError, match="unknown pruner 'bogus'; valid: none, behind, first-seed, median, asha"):
-        pruning.pruning("bogus")
+        pruning.lookup("bogus")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

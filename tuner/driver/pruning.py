@@ -151,7 +151,7 @@ def _asha_reason(pruner: optuna.pruners.BasePruner, step: int) -> str:
 
 
 PRUNERS: dict[PrunerName, Pruning] = {  # in the order ``--pruner`` lists them
-    "none": Pruning(lambda steps: optuna.pruners.NopPruner(), _never, _median_reason, "",
+    "none": Pruning(lambda steps: optuna.pruners.NopPruner(), _never, _median_reason, "",  # it never stops one
                     optuna.pruners.NopPruner),
     "behind": Pruning(
         lambda steps: BehindBestPruner(prune_start("behind", steps), max_step=steps // 2),
@@ -181,7 +181,7 @@ if tuple(PRUNERS) != NAMES:
                       "give each name one entry, in the same order")
 
 
-def pruning(kind: str) -> Pruning:
+def lookup(kind: str) -> Pruning:
     """The registry's entry for ``kind``; ValueError naming the valid names for an unknown one."""
     if kind not in PRUNERS:
         raise ValueError(f"unknown pruner {kind!r}; valid: {', '.join(NAMES)}")
