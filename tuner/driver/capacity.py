@@ -35,7 +35,7 @@ class CapacityLost(ClusterError):
 
 
 class Watched:
-    """An executor (``tuner.driver.search.Executor``) whose runs never wait forever for a node (module docs)."""
+    """An executor (``tuner.driver.outcome.Executor``) whose runs never wait forever for a node (module docs)."""
 
     def __init__(self, make: Callable[[], Any], address: str | None, timeout: float,
                  say: Callable[[str], None] = print) -> None:

@@ -431,7 +431,7 @@ class Counts:
         return f"{self.text()}; {self.fraction_text()}"
 
 
-_STOPS = (  # the pruners' reasons (tuner.driver.search) -> their short form
+_STOPS = (  # the pruners' and the first-seed policy's reasons (tuner.driver.pruning, .seeding) -> their short form
     (re.compile(r"validation loss (\S+) was more than (\S+)x the best trial's (\S+?);"),
      "stopped: first seed {0} > {1} x best {2}"),
     (re.compile(r"at step (\d+) its first seed's loss was more than (\S+)x"),
