@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,12 +232,8 @@ class Eta:
         racing = {t for t, p in self._phases if p is Phase.RACE}
         searching = self._trials - racing
         unstarted = max(0, self.work.trials - self._finished - len(self._trials))
-        steps, runs = unstarted * self._search.value, unstarted * self._search_runs.value
-        for number in searching:
-            trained, in_flight, seen = self._trial_runs(number, Phase.SEARCH)
-            steps += max(self._search.value - trained, in_flight)
-            runs += max(0.0, self._search_runs.value - seen)
-        return steps, runs
+        steps, runs = self._running_left(searching, Phase.SEARCH, self._search.value, self._search_runs.value)
+        return steps + unstarted * self._search.value, runs + unstarted * self._search_runs.value
 
     def _race_left(self) -> tuple[float, float]:
         if self.work.race_seeds <= self.work.seeds:
@@ -245,11 +241,18 @@ class Eta:
         racing = [t for t, p in self._phases if p is Phase.RACE]
         first = self._finished + len(racing) + 1  # the first trial that has not raced yet, counted from 1
         races = harmonic(first, self.work.trials)
-        steps, runs = races * self._race.value, races * self._race_runs.value
-        for number in racing:
-            trained, in_flight, seen = self._trial_runs(number, Phase.RACE)
-            steps += max(self._race.value - trained, in_flight)
-            runs += max(0.0, self._race_runs.value - seen)
+        steps, runs = self._running_left(racing, Phase.RACE, self._race.value, self._race_runs.value)
+        return steps + races * self._race.value, runs + races * self._race_runs.value
+
+    def _running_left(self, numbers: Iterable[int], phase: Phase, steps_each: float,
+                      runs_each: float) -> tuple[float, float]:
+        """The steps and runs still to come of trials in ``phase``, each expected to train ``steps_each``
+        steps in ``runs_each`` runs: what they have not trained yet, at least what is in flight."""
+        steps = runs = 0.0
+        for number in numbers:
+            trained, in_flight, seen = self._trial_runs(number, phase)
+            steps += max(steps_each - trained, in_flight)
+            runs += max(0.0, runs_each - seen)
         return steps, runs
 
     def _checks_left(self, phase: Phase) -> tuple[float, float]:
