@@ -154,7 +154,7 @@ def test_same_config_records_the_same_earliest_divergence_whichever_seed_runs_fi
 
 def test_launch_warns_before_overwriting_another_studys_best_config(tmp_path: Any, capsys: Any) -> None:
     from tuner.config import LaunchConfig
-    from tuner.driver.launch import warn_overwrite
+    from tuner.driver.resume import warn_overwrite
 
     out = tmp_path / "best_config.yaml"
     out.write_text("config: {learning_rate: 0.01}\nstudy: {name: iterated_mlp}\n")
@@ -190,7 +190,7 @@ def test_progress_line_names_the_op_the_knobs_and_the_clock() -> None:
 def test_a_finished_study_counts_as_done_only_when_verified_as_the_command_asks(tmp_path: Any) -> None:
     from tests.test_report import verified_study
     from tuner.config import LaunchConfig
-    from tuner.driver.launch import finished_study
+    from tuner.driver.resume import finished_study
 
     storage = f"sqlite:///{tmp_path / 't.db'}"
     verified_study(storage)  # 4 trials, trial 0 verified on 16 seeds x 100 steps (bar 0.8), its margin measured
