@@ -218,12 +218,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         kind = "tuner:" if isinstance(exc, Interrupted) else "tuner: error:"
         print(f"{kind} {one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt as exc:  # a stop signal outside a launch's own handling
-        from tuner.driver.signals import stopped
+    except (KeyboardInterrupt, SystemExit) as exc:  # a stop signal outside a launch's own handling
+        from tuner.driver.signals import is_stop, stopped
+
+        if not is_stop(exc):
+            raise
 
         stop = stopped(exc)
         print(f"tuner: {'interrupted' if stop.name == 'Ctrl-C' else 'stopped by ' + stop.name}; run the same "
-              "command again to continue", file=sys.stderr)
+              "command again", file=sys.stderr)
         return stop.exit_code
     return 1
 

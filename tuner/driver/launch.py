@@ -47,9 +47,12 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     restore_signals = signals.noted()  # SIGINT, SIGTERM, SIGHUP raise Stopped; a dropped one at the next poll
     try:
         return _launch(config)
-    except signals.Stopped as exc:  # before the study was opened: nothing to clean
-        raise Interrupted(f"stopped by {exc.name} before the study was opened: nothing was trained",
-                          exc.exit_code) from None
+    except (KeyboardInterrupt, SystemExit) as exc:  # before the study was opened: nothing to clean
+        if not signals.is_stop(exc):
+            raise
+        stop = signals.stopped(exc)
+        raise Interrupted(f"stopped by {stop.name} before the study was opened: nothing was trained",
+                          stop.exit_code) from None
     finally:
         restore_signals()
 
@@ -130,7 +133,7 @@ def _launch(config: LaunchConfig) -> dict[str, Any]:
     except BaseException as exc:
         with signals.cleaning():  # a second signal now ends the process at once
             stopped = stop_launch(study, tracker, liveness, exc)
-            if isinstance(exc, KeyboardInterrupt):
+            if signals.is_stop(exc):
                 stop = signals.stopped(exc)
                 raise Interrupted(_interrupted_message(study, stopped, stop), stop.exit_code) from None
             raise
@@ -152,10 +155,10 @@ def stop_launch(study: Any, tracker: Any, liveness: Liveness, exc: BaseException
     Returns:
         The numbers of the trials stopped mid-run.
     """
-    from tuner.driver.signals import stopped as as_stop
+    from tuner.driver import signals
 
-    interrupted = isinstance(exc, KeyboardInterrupt)
-    reason = as_stop(exc).reason if interrupted else f"the launch stopped: {type(exc).__name__}"
+    interrupted = signals.is_stop(exc)
+    reason = signals.stopped(exc).reason if interrupted else f"the launch stopped: {type(exc).__name__}"
     stopped = liveness.abandon(reason) if study is not None else []
     if tracker is not None:
         tracker.flush()

@@ -72,9 +72,18 @@ class Stopped(KeyboardInterrupt):
         return f"stopped by {self.name}"
 
 
+def is_stop(exc: BaseException) -> bool:
+    """Whether ``exc`` is a stop signal: a KeyboardInterrupt, or the ``SystemExit(15)`` that the SIGTERM
+    handler ``ray.init`` installs raises (a SIGTERM while Ray starts, before tuner's handler is back)."""
+    return isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and exc.code == signal.SIGTERM)
+
+
 def stopped(exc: BaseException) -> Stopped:
-    """``exc`` as a :class:`Stopped`: a plain KeyboardInterrupt (raised by Python's own handler) is Ctrl-C."""
-    return exc if isinstance(exc, Stopped) else Stopped(signal.SIGINT)
+    """``exc`` (a stop signal: :func:`is_stop`) as a :class:`Stopped`; a plain KeyboardInterrupt (Python's
+    own handler) is Ctrl-C."""
+    if isinstance(exc, Stopped):
+        return exc
+    return Stopped(signal.SIGTERM if isinstance(exc, SystemExit) else signal.SIGINT)
 
 
 def _handler(signum: int, frame: Any) -> None:

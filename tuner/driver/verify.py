@@ -218,17 +218,25 @@ def run_verify(args: Any) -> int:
     config = validated_config(doc, model_name, load_model(model_name).knobs, options.config)
     seeds = fresh_seeds(options.seeds, exclude=_seeds_in(doc), seed=options.seed)
     console.print(f"verifying {options.config} ({model_name}) on {len(seeds)} fresh seeds x {steps} steps")
-    executor = RayExecutor(ClusterConfig(
-        address=options.address, cpus_per_trial=options.cpus_per_trial, gpus_per_trial=options.gpus_per_trial,
-        num_cpus=options.num_cpus, runtime_env=runtime_env(model_name),
-    ))
+    restore_signals = signals.noted()  # SIGTERM, SIGHUP as Ctrl-C: the cluster is stopped, one line, 128 + signal
     try:
+        executor = RayExecutor(ClusterConfig(
+            address=options.address, cpus_per_trial=options.cpus_per_trial, gpus_per_trial=options.gpus_per_trial,
+            num_cpus=options.num_cpus, runtime_env=runtime_env(model_name),
+        ))
+    except BaseException:
+        restore_signals()
+        raise
+    try:
+        signals.raise_if_dropped()  # tuner's handlers back in place of the one ray.init set
         work = Work(0, steps, verify_seeds=len(seeds), verify_steps=steps, slots=executor.slots)
         with ProgressView(0, console=console, work=work, label=lambda _: Path(options.config).name) as view:
             runner = Runner(executor, model_name, [view])
             result = verify(runner, 0, config, seeds, steps, options.min_survival, options.fail_fast)
     finally:
-        executor.close()
+        with signals.cleaning():
+            executor.close()
+        restore_signals()
     for seed, step in result.divergences:
         console.print(f"  seed {seed}: diverged at step {step}")
     console.print(result.text())
