@@ -48,3 +48,15 @@ def test_racing_a_challenger_within_the_noise_of_a_raced_incumbent_is_not_raced(
     close = racing.on_trial_result(survived(1, [0.15, 0.17]))  # 0.16: better by less than 1 standard error
     assert close.act is Act.TELL and close.reason.startswith("0.16 on 2 seeds is within 1 standard error of trial 0")
     assert racing.on_trial_result(survived(2, [0.05, 0.05])) == Decision(Act.RUN, seeds=4)
+
+
+def test_a_trial_that_learned_on_some_seeds_only_did_not_learn_and_blocks_no_race() -> None:
+    """0.2 on four seeds and above its start on four others, from 5.0 at initialisation, a mean just below
+    it (as in a real default launch: 4.848 from 4.854). Counted as learned, its spread made a trial at
+    0.04 on 2 seeds "within one standard error" of it, nothing else was raced, and the export was 10x
+    worse than the best trial."""
+    bimodal = survived(3, [0.2, 0.2, 0.2, 0.2, 9.0, 9.4, 9.5, 9.8])
+    assert bimodal.value < INIT and bimodal.learned is False  # below on the mean, above on four seeds
+    racing = Racing(levels=(8,), seeds=2, standings={})
+    assert racing.on_trial_result(bimodal) == Decision(Act.TELL) and racing.values() == []
+    assert racing.on_trial_result(survived(4, [0.04, 0.05])) == Decision(Act.RUN, seeds=8)
