@@ -8,15 +8,16 @@ from pathlib import Path
 import optuna
 from rich.console import Console
 
+from tuner.driver.evidence import Margin, Verification
 from tuner.driver.wrapup import print_best, study_id, where_to_look
 
 DOC = {
     "config": {"learning_rate": 0.004},
-    "stability": {"steps": 600, "seeds": [1, 2, 3, 4, 5, 6, 7, 8], "diverged": False, "learned": True,
-                  "verified": {"seeds": list(range(16)), "steps": 1200, "survived": 16, "runs": 16,
-                               "min_survival": 0.8},
-                  "margin": {"lr_factor": 3.0}},
-    "study": {"name": "s", "trial": 4, "mlflow_run_id": "abc123"},
+    "stability": {"steps": 600, "seeds": [1, 2, 3, 4, 5, 6, 7, 8], "steps_survived": [600] * 8, "diverged": False,
+                  "learned": True,
+                  "verified": Verification(tuple(range(16)), 1200, 16, 16, 0.8).to_dict(),
+                  "margin": Margin(3.0, 1200, 16).to_dict()},
+    "study": {"name": "s", "trial": 4, "storage": "sqlite:///tuner.db", "mlflow_run_id": "abc123"},
 }
 
 

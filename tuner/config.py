@@ -114,14 +114,14 @@ class LaunchConfig(BaseModel):
         return max(1, int(-(-self.cpus_per_trial // 1)))
 
 
-def load_launch(flags: dict[str, Any], config_file: str | None = None) -> LaunchConfig:
-    """Merge the launch YAML, the environment and the flags given; validate once.
+def load_launch(flags: dict[str, Any], config_file: str | None = None, where: str = "command line") -> LaunchConfig:
+    """Merge the launch YAML, the environment and the flags given; validate once. ``where`` names
+    the flags' source in a message (``tuner.launch()`` for the Python API).
 
     Raises:
         ConfigError: naming the file (or flag) and the key that is wrong.
     """
     values: dict[str, Any] = {}
-    where = "command line"
     if config_file:
         values.update(_read_yaml(config_file))
         where = config_file

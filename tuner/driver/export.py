@@ -24,6 +24,7 @@ import optuna
 import yaml
 
 from tuner import atomic
+from tuner.answer import BestConfig
 from tuner.config import redact
 from tuner.driver import studyrecord, trialrecord
 from tuner.driver.trialrecord import TrialRecord
@@ -90,7 +91,7 @@ def best_config(study: optuna.Study, storage: str, steps: int, model: str | None
     note = _note(diverged, trial.learned, trial.verification)
     if note:
         doc["note"] = note
-    return doc
+    return BestConfig.of(doc, "the exported document").to_dict()  # the shape tuner.answer defines
 
 
 def all_failed_message(study: optuna.Study, top: int = 3) -> str:
@@ -114,10 +115,7 @@ def _reason(trial: optuna.trial.FrozenTrial) -> str:
 def is_success(doc: dict[str, Any]) -> bool:
     """Whether best_config.yaml claims a stable config: it survived, learned, and (if verified)
     met the bar."""
-    stability = doc["stability"]
-    verified = stability.get("verified")
-    return (not stability["diverged"] and stability.get("learned") is not False
-            and (verified is None or bool(verified["met"])))
+    return BestConfig.of(doc).trusted
 
 
 def _note(diverged: bool, learned: bool | None, verified: Any) -> str:

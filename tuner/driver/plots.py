@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -56,24 +56,29 @@ def write_plots(rows: Sequence[TrialRecord], out_dir: str | Path, study: str = "
     ``log_knobs`` are the knobs searched on a log scale (``tuner.driver.trialrecord.log_knobs``): drawn on
     log axes; the learning rate always is.
     """
-    from matplotlib.figure import Figure
-
-    counts = Counts.of(rows)
-    rows = [r for r in rows if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.STOPPED)]
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(f"cannot create the plots' folder {out}: {exc.strerror or exc}") from exc
-    title = f"{counts.text()}\n{counts.fraction_text()}"
     prefix = f"{file_safe(study)}_" if study else ""
-    paths = []
-    for name, draw in ((STABILITY_MAP, partial(stability_map, log_knobs=log_knobs)), (SURVIVAL, survival_curves)):
-        fig = Figure(figsize=(7, 4.8), layout="constrained")
-        draw(fig.add_subplot(), rows)
-        fig.suptitle(title, fontsize=10)
-        paths.append(_save(fig, out / f"{prefix}{name}"))
-    return paths
+    return [_save(figure(name, rows, log_knobs), out / f"{prefix}{name}") for name in (STABILITY_MAP, SURVIVAL)]
+
+
+def figure(name: str, rows: Sequence[TrialRecord], log_knobs: Collection[str] = ()) -> Any:
+    """The matplotlib Figure of one plot (``name``: :data:`STABILITY_MAP` or :data:`SURVIVAL`) of a
+    study's trial records, titled with their counts; shown inline in a notebook (``tuner.Result``)."""
+    from matplotlib.figure import Figure
+
+    counts = Counts.of(rows)
+    rows = [r for r in rows if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.STOPPED)]
+    draws: dict[str, Callable[[Any, Sequence[TrialRecord]], None]] = {
+        STABILITY_MAP: partial(stability_map, log_knobs=log_knobs), SURVIVAL: survival_curves}
+    draw = draws[name]
+    fig = Figure(figsize=(7, 4.8), layout="constrained")
+    draw(fig.add_subplot(), rows)
+    fig.suptitle(f"{counts.text()}\n{counts.fraction_text()}", fontsize=10)
+    return fig
 
 
 def _save(fig: Any, path: Path) -> Path:

@@ -199,19 +199,34 @@ def run_verify(args: Any) -> int:
     Its progress: a line per run that ended, piped or redirected; a live line on a terminal
     (``tuner.driver.progress``).
     """
-    from pathlib import Path
-
-    from tuner.config import VerifyOptions, load_options, prepare_environment
-    from tuner.driver.eta import Work
-    from tuner.driver.evidence import fresh_seeds
-    from tuner.driver.executor import ClusterConfig, RayExecutor
-    from tuner.driver.progress import ProgressView, output_console
-    from tuner.models import load_model, runtime_env
+    from tuner.config import VerifyOptions, load_options
+    from tuner.driver.progress import output_console
 
     console = output_console(highlight=False)
     options = load_options(VerifyOptions, vars(args))  # every count in range, before anything is read
-    _check_bar(options.min_survival, options.seeds)
-    doc = read_config_file(options.config)
+    check_bar(options.min_survival, options.seeds)
+    result = verify_doc(options, read_config_file(options.config), console)
+    return _verdict(console, result, options.min_survival)
+
+
+def verify_doc(options: VerifyOptions, doc: dict[str, Any], console: Any) -> Verification:
+    """Retrain ``doc``'s config (best_config.yaml's shape) on fresh seeds as ``options`` say; print
+    the progress and the result on ``console``; return the evidence (``tuner verify`` and
+    ``tuner.verify``).
+
+    Raises:
+        ConfigError, ModelError: the document or the model is not usable (before anything starts).
+        KeyboardInterrupt: a stop signal; the runs and the embedded cluster are stopped first.
+    """
+    from pathlib import Path
+
+    from tuner.config import prepare_environment
+    from tuner.driver.eta import Work
+    from tuner.driver.evidence import fresh_seeds
+    from tuner.driver.executor import ClusterConfig, RayExecutor
+    from tuner.driver.progress import ProgressView
+    from tuner.models import load_model, runtime_env
+
     model_name = model_to_verify(options, doc, say=lambda line: console.print(line, markup=False))
     steps = verify_steps(options, doc)
     prepare_environment()
@@ -243,7 +258,7 @@ def run_verify(args: Any) -> int:
     if result.val_loss is not None and result.init_val_loss is not None:
         console.print(f"validation loss {result.val_loss:.4g} (mean over the seeds that survived; "
                       f"{result.init_val_loss:.4g} at initialisation)")
-    return _verdict(console, result, options.min_survival)
+    return result
 
 
 def _verdict(console: Any, result: Verification, bar: float) -> int:
@@ -259,7 +274,7 @@ def _verdict(console: Any, result: Verification, bar: float) -> int:
     return 3
 
 
-def _check_bar(min_survival: float, seeds: int) -> None:
+def check_bar(min_survival: float, seeds: int) -> None:
     """``--seeds`` can reach ``--min-survival`` (both already in range: ``tuner.config.VerifyOptions``)."""
     from tuner.driver.evidence import wilson_lower
     from tuner.errors import ConfigError

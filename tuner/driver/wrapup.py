@@ -35,19 +35,9 @@ def print_summary(console: Console, study: Any, numbers: set[int], keys: list[st
 
 def evidence_text(doc: dict[str, Any]) -> str:
     """What best_config.yaml's ``stability`` says of the exported trial, in one short phrase."""
-    from tuner.driver.evidence import Verification
+    from tuner.answer import BestConfig
 
-    stability = doc["stability"]
-    verified = stability.get("verified")
-    if stability["diverged"]:
-        return "no trial survived: NOT stable"
-    if stability.get("learned") is False:
-        return "survived but did not learn: NOT a success"
-    if verified is None:
-        return f"survived {len(stability['seeds'])} seeds; not verified on fresh seeds"
-    v = Verification.from_dict(verified)
-    bar = f">= bar {v.min_survival:g}" if v.met else f"does NOT meet the bar {v.min_survival:g}"
-    return f"verified {v.survived}/{v.runs} fresh seeds x {v.steps} steps, 95% lower bound {v.rate_low:.2f} {bar}"
+    return BestConfig.of(doc).reason
 
 
 def print_best(console: Console, doc: dict[str, Any], out: str) -> None:

@@ -4,7 +4,9 @@ A model spec is one of:
 
 - a built-in name (``iterated_mlp``, ``counting_cnn``);
 - ``package.module:Name``: an importable module and the model class (or instance) in it;
-- ``path/to/file.py:Name``: a Python file and the model class (or instance) in it.
+- ``path/to/file.py:Name``: a Python file and the model class (or instance) in it;
+- ``object:Name``: a model class or instance handed to ``tuner.launch`` / ``tuner.verify`` in Python
+  (:func:`object_spec`), a notebook's say.
 
 Loading a model never imports TensorFlow: models import it inside ``build``.
 
@@ -12,6 +14,12 @@ A model file reaches the workers of a (multi-node) Ray cluster through Ray's run
 through its path: :func:`runtime_env` ships the one file as a ``py_modules`` entry (Ray puts it on
 every worker's ``PYTHONPATH``) and names it in ``TUNER_SHIPPED_MODEL``; a worker that sees the
 spec's file named there imports the shipped module by the file's stem, never the driver's path.
+
+A model object reaches them pickled by value (cloudpickle: a class defined in a notebook
+cell, or in a module beside the notebook, travels as code, not as a name to import), in the job's
+runtime env: ``TUNER_OBJECT_MODEL`` holds it, base64, so it is there on every node of a cluster
+joined with ``--address`` too. A class from an installed package travels as its
+``package.module:Name`` spec instead, and a built-in model as its name.
 """
 
 from __future__ import annotations
@@ -34,6 +42,11 @@ __all__ = ["BUILTIN", "UPDATES", "Dataset", "Knob", "Loss", "Model", "ModelGraph
 
 # set on the workers by runtime_env(): the model file (as written in the spec) shipped to them
 SHIPPED_ENV = "TUNER_SHIPPED_MODEL"
+# set on the workers by runtime_env(): an ``object:`` spec and its model, pickled by value, base64
+OBJECT_SPEC_ENV, OBJECT_ENV = "TUNER_OBJECT_SPEC", "TUNER_OBJECT_MODEL"
+OBJECT_PREFIX = "object:"
+MAX_OBJECT_BYTES = 96 * 1024  # base64 characters: one environment string must stay under Linux's 128 KiB
+_OBJECTS: dict[str, Any] = {}  # object: spec -> the model object this process was given
 
 # contract member -> what to add when it is missing
 CONTRACT: dict[str, str] = {
@@ -59,6 +72,10 @@ def load_model(spec: str) -> Model:
         ModelError: the spec names nothing loadable, the model's code raised while being imported
             or created (the message points at its line), or the object is not a model.
     """
+    if spec.startswith(OBJECT_PREFIX):
+        model = _object_model(spec)
+        check_contract(model, spec)
+        return model
     target = BUILTIN.get(spec, spec)
     if ":" not in target:
         raise ModelError(
@@ -88,11 +105,97 @@ def runtime_env(spec: str) -> dict[str, Any]:
         ModelError: the file's name would not import as itself on a worker (see
             :func:`_check_module_name`).
     """
+    if spec.startswith(OBJECT_PREFIX):
+        return {"env_vars": {OBJECT_SPEC_ENV: spec, OBJECT_ENV: _pickled(spec)}}
     file = model_file(spec)
     if file is None:
         return {}
     _check_module_name(file, spec)
     return {"py_modules": [str(file)], "env_vars": {SHIPPED_ENV: spec.rpartition(":")[0]}}
+
+
+def object_spec(model: object) -> str:
+    """The spec of a model given as a Python class or instance (see the module docs): a built-in's
+    name, ``package.module:Name`` for a class of an installed package, else ``object:Name`` for a
+    model this process holds and ships by value.
+
+    Raises:
+        ModelError: it is not a model (the contract's members it lacks), or too large to ship.
+    """
+    cls = model if isinstance(model, type) else type(model)
+    module, name = cls.__module__, cls.__qualname__
+    for builtin, target in BUILTIN.items():
+        if target == f"{module}:{name}" and isinstance(model, type):
+            return builtin
+    spec = f"{OBJECT_PREFIX}{cls.__name__}"
+    instance = _user_call(spec, f"creating {name}()", model) if isinstance(model, type) else model
+    check_contract(instance, spec)
+    if isinstance(model, type) and _installed(module) and "<locals>" not in name:
+        return f"{module}:{name}"
+    _OBJECTS[spec] = model
+    _pickled(spec)  # too large to ship: say so now, before anything starts
+    return spec
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` is tuner's or comes from an installed package (site-packages): importable
+    on every worker."""
+    if module.partition(".")[0] == "tuner":
+        return True
+    file = getattr(sys.modules.get(module), "__file__", None)
+    site = Path(sysconfig.get_paths()["purelib"]).resolve()
+    return isinstance(file, str) and Path(file).resolve().is_relative_to(site)
+
+
+def _pickled(spec: str) -> str:
+    """The object of ``spec``, pickled by value with Ray's cloudpickle, base64."""
+    import base64
+
+    import cloudpickle  # the package (MLflow's dependency), not Ray's copy: importing Ray here would fix its
+    # settings before tuner.config.prepare_environment set them
+
+    model = _OBJECTS.get(spec)
+    if model is None:
+        raise _no_object(spec)
+    cls = model if isinstance(model, type) else type(model)
+    by_value = sys.modules.get(cls.__module__)
+    if by_value is not None and cls.__module__ != "__main__":
+        cloudpickle.register_pickle_by_value(by_value)  # a module beside the notebook travels as code
+    try:
+        data = base64.b64encode(cloudpickle.dumps(model)).decode("ascii")
+    except Exception as exc:
+        raise ModelError(f"model {spec!r} cannot be pickled to ship it to the workers: {type(exc).__name__}: "
+                         f"{exc}; put it in a file and pass 'path/to/file.py:Name'") from None
+    finally:
+        if by_value is not None and cls.__module__ != "__main__":
+            cloudpickle.unregister_pickle_by_value(by_value)
+    if len(data) > MAX_OBJECT_BYTES:
+        raise ModelError(f"model {spec!r} pickles to {len(data) // 1024} KiB, over the {MAX_OBJECT_BYTES // 1024} "
+                         "KiB that can ship with the job: it holds large data (an array, a dataset?); load the "
+                         "data inside data(knobs), or put the model in a file and pass 'path/to/file.py:Name'")
+    return data
+
+
+def _object_model(spec: str) -> Any:
+    """The model of an ``object:`` spec: the one this process was given, else (on a worker) the one
+    the job's runtime env ships."""
+    model = _OBJECTS.get(spec)
+    if model is None and os.environ.get(OBJECT_SPEC_ENV) == spec and os.environ.get(OBJECT_ENV):
+        import base64
+        import pickle
+
+        model = _user_call(spec, "unpickling the shipped model", pickle.loads,
+                           base64.b64decode(os.environ[OBJECT_ENV]))
+        _OBJECTS[spec] = model
+    if model is None:
+        raise _no_object(spec)
+    return _user_call(spec, f"creating {model.__name__}()", model) if isinstance(model, type) else model
+
+
+def _no_object(spec: str) -> ModelError:
+    return ModelError(f"model {spec!r} was a Python object given to tuner in another process; give it again: "
+                      f"tuner.verify(..., model={spec.removeprefix(OBJECT_PREFIX)}) or "
+                      f"tuner.launch(model={spec.removeprefix(OBJECT_PREFIX)}, ...)")
 
 
 def check_contract(model: object, spec: str) -> None:
