@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 import tuner
+import tuner.answer
 import tuner.api
 from tests.test_report import verified_study
 from tuner.answer import BestConfig
@@ -40,8 +41,9 @@ class NoBuild:
         return None
 
 
-def test_api_docstring_examples_run() -> None:
-    failed, attempted = doctest.testmod(tuner.api, optionflags=doctest.ELLIPSIS)
+@pytest.mark.parametrize("module", [tuner.api, tuner.answer], ids=lambda m: m.__name__)
+def test_api_docstring_examples_run(module: object) -> None:
+    failed, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert attempted >= 2 and failed == 0
 
 

@@ -85,6 +85,20 @@ class BestConfig(_Part):
 
     ``config`` holds the knob values to train with; ``trusted`` says whether the evidence shows it
     stable, ``reason`` says why in one phrase.
+
+    >>> answer = BestConfig.of({
+    ...     "config": {"learning_rate": 0.004, "clip_norm": 1.0},
+    ...     "stability": {"steps": 600, "seeds": [11, 12], "steps_survived": [600, 600], "diverged": False,
+    ...                   "learned": True},
+    ...     "study": {"name": "iterated_mlp", "storage": "sqlite:///tuner.db", "trial": 7}})
+    >>> answer.trusted, answer.reason
+    (True, 'survived 2 seeds; not verified on fresh seeds')
+    >>> answer.config["learning_rate"]
+    0.004
+    >>> BestConfig.of({"config": {}}, "mine.yaml")
+    Traceback (most recent call last):
+    ...
+    tuner.errors.ConfigError: mine.yaml: not a best_config.yaml document: stability: Field required; study: ...
     """
 
     config: dict[str, Any]
