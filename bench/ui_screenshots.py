@@ -316,7 +316,8 @@ def optuna_pages(checks: Checks, page: Any, base: str, storage: str, urls: list[
     checks.add("no trial holds a value for a switched-off knob", not off, str(off))
 
     page.goto(f"{base}/dashboard/studies/{study._study_id}")
-    check_page(checks, page, "optuna-dashboard study page", "History", "Best Trial")
+    check_page(checks, page, "optuna-dashboard study page", "History", "Best Trial", "Study User Attributes",
+               "exported (best_config.yaml)", f"trial {exported}: ")
     best = study.best_trial.number if any(t.value is not None for t in study.trials) else None
     print(f"note: optuna-dashboard's 'Best Trial' is trial {best}; the exported trial is {exported}", flush=True)
     shoot(page, out, "optuna_1_study_full", full=True)

@@ -238,6 +238,8 @@ def test_the_dashboard_study_note_names_the_export_and_keeps_the_users_note() ->
     assert "Optuna's *Best Trial* (trial 0, lowest val_loss) is not the export" in note
     assert "3 trials finished: 2 survived, 0 diverged, 1 stopped by the pruner, 0 failed" in note
     assert note.endswith("---\n\nmy own words")
+    line = study.user_attrs[dashboard.EXPORTED_ATTR]  # the study page's user-attrs table, beside "Best Trial"
+    assert line.startswith("trial 1: survived") and "The Best Trial card (trial 0, lowest val_loss) is not" in line
     dashboard.save_study_note(study, study_records(study))  # a later launch: tuner's part replaced, the user's kept
     assert get_note(study).count("Exported by tuner") == 1 and get_note(study).endswith("my own words")
 

@@ -110,6 +110,8 @@ def refresh(study: Any) -> None:
 
 
 STUDY_HEAD = "### Exported by tuner: trial "  # how the study note tuner writes starts
+# the study user attr that optuna-dashboard's study page lists beside its "Best Trial" card
+EXPORTED_ATTR = "exported (best_config.yaml)"
 STUDY_BREAK = "\n\n---\n\n"  # after it, a note the user wrote is kept
 
 
@@ -136,16 +138,36 @@ def study_note(records: Sequence[TrialRecord], best: int | None) -> str:
     return "\n".join(lines)
 
 
+def exported_line(records: Sequence[TrialRecord], best: int | None) -> str:
+    """The exported trial in one line, and why Optuna's "Best Trial" (``best``) is another one; ""
+    without an incumbent. optuna-dashboard's study page shows it in its "Study User Attributes"
+    table (:data:`EXPORTED_ATTR`), beside the "Best Trial" card, without a click."""
+    top = next((r for r in records if r.chosen), None)
+    if top is None:
+        return ""
+    text = f"trial {top.number}: {headline(top)}"
+    if top.verification is not None:
+        text += f"; verified on fresh seeds: {top.verification.text()}"
+    other = next((r for r in records if r.number == best), None)
+    if other is not None and other.number != top.number:
+        text += f". The Best Trial card (trial {other.number}, lowest val_loss) is not the export: {other.why or '?'}"
+    return text
+
+
 def save_study_note(study: Any, records: Sequence[TrialRecord]) -> bool:
     """Write :func:`study_note` as optuna-dashboard's study note, keeping a note the user wrote below
-    it; False without optuna-dashboard or without an incumbent."""
+    it, and :func:`exported_line` as the study's :data:`EXPORTED_ATTR` attribute; False without
+    optuna-dashboard or without an incumbent."""
+    best = min((r for r in records if r.state is TrialState.COMPLETE and r.value is not None),
+               key=lambda r: (r.value, r.number), default=None)
+    line = exported_line(records, best.number if best else None)
+    if line:
+        study.set_user_attr(EXPORTED_ATTR, line)
     try:
         from optuna_dashboard import get_note, save_note
     except ImportError as exc:
         log.debug("no optuna-dashboard study note: %s", exc)
         return False
-    best = min((r for r in records if r.state is TrialState.COMPLETE and r.value is not None),
-               key=lambda r: (r.value, r.number), default=None)
     body = study_note(records, best.number if best else None)
     if not body:
         return False
