@@ -154,6 +154,13 @@ def exported_line(records: Sequence[TrialRecord], best: int | None) -> str:
     return text
 
 
+def hold_place(study: Any) -> None:
+    """Write :data:`EXPORTED_ATTR` first on a new study: optuna-dashboard lists the study's user
+    attrs in the order they were first written, 5 to a page, so the export's line is on the first
+    (a later write changes the value, not the place)."""
+    study.set_user_attr(EXPORTED_ATTR, "none yet: the study has no answer until a launch ends")
+
+
 def save_study_note(study: Any, records: Sequence[TrialRecord]) -> bool:
     """Write :func:`study_note` as optuna-dashboard's study note, keeping a note the user wrote below
     it, and :func:`exported_line` as the study's :data:`EXPORTED_ATTR` attribute; False without

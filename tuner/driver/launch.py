@@ -342,8 +342,10 @@ def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | No
             f"--storage {redact(config.storage)}: cannot open the Optuna storage: {str(exc).splitlines()[0]}"
         ) from exc
     name_metric(study)
-    from tuner.driver import studyrecord
+    from tuner.driver import dashboard, studyrecord
 
+    if not existed:
+        dashboard.hold_place(study)  # the first row of optuna-dashboard's "Study User Attributes" table
     studyrecord.claim(study, config.model, studyrecord.space_signature(space), config.steps)
     if existed and config.seed is not None:  # a continued study, or one another launch is running
         held = len(study.get_trials(deepcopy=False))
