@@ -130,17 +130,36 @@ class Result:
         shown inline in a notebook; ``.savefig(path)`` to keep it)."""
         from tuner.driver.plots import STABILITY_MAP, figure
 
+        _show_figures_inline()
         return figure(STABILITY_MAP, self.trials, self.log_knobs)
 
     def plot_survival(self) -> Figure:
         """The share of seed runs still finite at each step, per learning-rate band (a Figure)."""
         from tuner.driver.plots import SURVIVAL, figure
 
+        _show_figures_inline()
         return figure(SURVIVAL, self.trials, self.log_knobs)
 
     def __repr__(self) -> str:
         answer = f"trial {self.answer.study.trial}, {self.reason}" if self.answer else self.reason
         return f"<tuner.Result study={self.study!r} trials={len(self.trials)}: {answer}>"
+
+
+def _show_figures_inline() -> None:
+    """In IPython/Jupyter, register the PNG formatter for matplotlib Figures, so that a returned
+    Figure shows inline without ``%matplotlib inline`` (IPython registers it only once pyplot is
+    imported, and tuner never imports pyplot). Anywhere else, nothing."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return
+    with contextlib.suppress(Exception):  # an IPython without these hooks: the Figure is still returned
+        from IPython import get_ipython
+        from IPython.core.pylabtools import select_figure_formats
+
+        shell = get_ipython()
+        if shell is not None:
+            select_figure_formats(shell, {"png"})
 
 
 def launch(model: Any = None, *, config_file: str | Path | None = None, progress: bool = True,
@@ -231,8 +250,10 @@ def verify(config: Any, *, model: Any = None, progress: bool = True, **options: 
         if isinstance(config, str | Path):
             where, doc = str(config), read_config_file(str(config))
         else:
-            where = "tuner.verify()"
             doc = config.to_dict() if isinstance(config, BestConfig) else config
+            study = doc.get("study") if isinstance(doc, dict) else None
+            where = (f"trial {study['trial']} of {study['name']}"
+                     if isinstance(study, dict) and "trial" in study and "name" in study else "config")
             if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
                 raise TunerError("tuner.verify(): expected a best_config.yaml path, its mapping (with a 'config:' "
                                  "mapping of knob values), a BestConfig or a Result")
