@@ -37,7 +37,7 @@ def trials_to_target(executor: Any, sampler: Any, target: float, args: argparse.
                     Budget(args.max_trials, args.steps, args.seeds, args.report_every))
     for n in range(1, args.max_trials + 1):
         outcome = search.run(1)[-1]
-        if outcome.state is TrialState.COMPLETE and outcome.value is not None and outcome.value <= target:
+        if outcome.state is TrialState.SURVIVED and outcome.value is not None and outcome.value <= target:
             return n
     return None
 

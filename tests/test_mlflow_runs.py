@@ -33,7 +33,7 @@ def finished(tracker: Any, number: int, config: TrainConfig) -> None:
     final = RunRecord(number, 7, 10, RunStatus.SURVIVED, final=True, steps_survived=10, val_loss=0.5)
     tracker.on_trial_start(number, config, (7,))
     tracker.on_trial_result(final)
-    tracker.on_trial_complete(TrialOutcome(number, config, TrialState.COMPLETE, (final,), value=0.5))
+    tracker.on_trial_complete(TrialOutcome(number, config, TrialState.SURVIVED, (final,), value=0.5))
 
 
 def test_tracker_runs_names_this_launchs_and_earlier_launchs_trial_runs(
@@ -48,7 +48,7 @@ def test_tracker_runs_names_this_launchs_and_earlier_launchs_trial_runs(
     first.on_phase_start(0, Phase.VERIFY, config, (100, 101))  # a run of trial 0's config, tagged trial 0 too
     verified = RunRecord(0, 100, 10, RunStatus.SURVIVED, final=True, steps_survived=10, val_loss=0.4,
                          phase=Phase.VERIFY)
-    first.on_phase_end(TrialOutcome(0, config, TrialState.COMPLETE, (verified,), value=0.4, phase=Phase.VERIFY))
+    first.on_phase_end(TrialOutcome(0, config, TrialState.SURVIVED, (verified,), value=0.4, phase=Phase.VERIFY))
     first.close()
     earlier = first.runs()
     assert list(earlier) == [0]

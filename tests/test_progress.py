@@ -64,10 +64,10 @@ class FakeLaunch:
         if race:
             self.view.on_phase_start(number, Phase.RACE, config, tuple(range(10, 10 + race)))
             raced = [self.run(number, 10 + s, Phase.RACE, self.work.steps) for s in range(race)]
-            self.view.on_phase_end(TrialOutcome(number, config, TrialState.COMPLETE, tuple(raced), 0.1,
+            self.view.on_phase_end(TrialOutcome(number, config, TrialState.SURVIVED, tuple(raced), 0.1,
                                                 phase=Phase.RACE))
             finals += raced
-        state = TrialState.COMPLETE if stop_at is None else TrialState.STOPPED
+        state = TrialState.SURVIVED if stop_at is None else TrialState.STOPPED
         self.view.on_trial_complete(TrialOutcome(number, config, state, tuple(finals),
                                                  0.1 if stop_at is None else None, reason="behind"))
         self.note()
@@ -81,7 +81,7 @@ class FakeLaunch:
             self.view.on_phase_start(0, phase, config, seeds)
             finals = tuple(self.run(0, s, phase, steps) for s in seeds)
             value = 10.0 if i < passes - 1 else 0.1  # the passes before the last did not learn (init: 1.0)
-            self.view.on_phase_end(TrialOutcome(0, config, TrialState.COMPLETE, finals, value, phase=phase))
+            self.view.on_phase_end(TrialOutcome(0, config, TrialState.SURVIVED, finals, value, phase=phase))
 
     def lines(self) -> list[str]:
         return self.buffer.getvalue().splitlines()
@@ -128,12 +128,12 @@ def test_eta_adds_a_margin_pass_after_one_that_did_not_learn() -> None:
     config = TrainConfig(1e-2)
     for phase in (Phase.VERIFY, Phase.MARGIN):
         eta.phase_started(0, phase, 4)
-        eta.phase_ended(TrialOutcome(0, config, TrialState.COMPLETE, (), 10.0, phase=phase))
+        eta.phase_ended(TrialOutcome(0, config, TrialState.SURVIVED, (), 10.0, phase=phase))
     assert eta.remaining()[Phase.MARGIN] == (0.0, 0.0)  # learned is unknown (no runs): counted as a pass
     eta.phase_started(0, Phase.MARGIN, 4)
     no_gain = RunRecord(0, 1, 100, RunStatus.SURVIVED, final=True, steps_survived=100, val_loss=2.0,
                         init_val_loss=1.0, phase=Phase.MARGIN)
-    eta.phase_ended(TrialOutcome(0, config, TrialState.COMPLETE, (no_gain,), 2.0, phase=Phase.MARGIN))
+    eta.phase_ended(TrialOutcome(0, config, TrialState.SURVIVED, (no_gain,), 2.0, phase=Phase.MARGIN))
     assert eta.remaining()[Phase.MARGIN] == (4 * 100, 4)  # did not learn: the next factor's pass is to come
 
 
@@ -187,7 +187,7 @@ def test_a_verification_alone_shows_its_runs_and_no_trial_number() -> None:
         view.on_trial_result(diverged)
         view.on_trial_result(RunRecord(0, 12, 40, RunStatus.CANCELLED, final=True, steps_survived=40,
                                        phase=Phase.VERIFY))
-        view.on_phase_end(TrialOutcome(0, TrainConfig(1e-2), TrialState.PRUNED, (diverged,), phase=Phase.VERIFY))
+        view.on_phase_end(TrialOutcome(0, TrainConfig(1e-2), TrialState.DIVERGED, (diverged,), phase=Phase.VERIFY))
     lines = buffer.getvalue().splitlines()
     assert lines[0].startswith("[verify 1/2 ") and lines[0].endswith("] best.yaml seed 11: diverged at step 37")
     assert lines[1].startswith("  best.yaml verify: survived 0/1") and len(lines) == 2  # no line for a cancelled run

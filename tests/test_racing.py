@@ -14,7 +14,7 @@ INIT = 5.0  # every run's validation loss at initialisation: all these trials le
 def survived(number: int, losses: list[float]) -> TrialOutcome:
     seeds = tuple(RunRecord(number, s, 100, RunStatus.SURVIVED, final=True, val_loss=v, init_val_loss=INIT)
                   for s, v in enumerate(losses))
-    return TrialOutcome(number, TrainConfig(1e-3), TrialState.COMPLETE, seeds, value=sum(losses) / len(losses))
+    return TrialOutcome(number, TrainConfig(1e-3), TrialState.SURVIVED, seeds, value=sum(losses) / len(losses))
 
 
 def test_racing_sends_a_leader_to_the_next_level_and_tells_a_trial_behind_why() -> None:
@@ -33,7 +33,7 @@ def test_racing_sends_a_leader_to_the_next_level_and_tells_a_trial_behind_why() 
 
 def test_racing_tells_a_trial_that_did_not_survive_or_learn_and_drops_it_from_the_standings() -> None:
     racing = Racing(levels=(4,), seeds=2, standings={9: (8, 0.05)})
-    diverged = TrialOutcome(3, TrainConfig(1e-3), TrialState.PRUNED, (
+    diverged = TrialOutcome(3, TrainConfig(1e-3), TrialState.DIVERGED, (
         RunRecord(3, 0, 7, RunStatus.DIVERGED, final=True),))
     assert racing.on_trial_result(diverged) == Decision(Act.TELL)
     flat = survived(4, [6.0, 6.0])  # above the loss at initialisation: it did not learn

@@ -180,7 +180,7 @@ def test_search_runs_without_a_tracker_and_only_calls_a_callback_through_its_hoo
         search.run()
         studies.append(search.study)
     alone, listened = ([read(t) for t in study.trials] for study in studies)
-    assert alone == listened and [r.state for r in alone] == [TrialState.COMPLETE, TrialState.PRUNED]
+    assert alone == listened and [r.state for r in alone] == [TrialState.SURVIVED, TrialState.DIVERGED]
     assert all(r is not None and r.run_id is None and "run_id" not in t.user_attrs[ATTR]
                for r, t in zip(alone, studies[0].trials, strict=True))
     for number in (0, 1):
@@ -196,7 +196,7 @@ def test_search_diverged_seed_prunes_trial_and_cancels_siblings() -> None:
     search.study.enqueue_trial({"learning_rate": 0.1})
     (outcome,) = search.run()
     trial = search.study.trials[0]
-    assert outcome.state is TrialState.PRUNED and trial.state == optuna.trial.TrialState.PRUNED
+    assert outcome.state is TrialState.DIVERGED and trial.state == optuna.trial.TrialState.PRUNED
     assert executor.cancelled == [0]
     assert executor.finals_before_cancel == []  # cancelled on the divergence alarm, not the final record
     first_step = min(5 + seed % 2 for seed in spec_seeds(0))  # int(0.5 / 0.1) + seed % 2
@@ -209,7 +209,7 @@ def test_search_survivor_is_complete_with_mean_val_loss() -> None:
     search = make_search(1, FakeExecutor(), optuna.samplers.RandomSampler(seed=0))
     search.study.enqueue_trial({"learning_rate": 10**-2.5})
     (outcome,) = search.run()
-    assert outcome.state is TrialState.COMPLETE
+    assert outcome.state is TrialState.SURVIVED
     assert outcome.value == pytest.approx(statistics.fmean(0.01 * (s % 2) for s in spec_seeds(0)))
     trial = search.study.trials[0]
     assert read(trial).steps_survived == (200, 200)
@@ -234,7 +234,7 @@ def test_search_failed_seed_fails_trial_with_reason_and_goes_on() -> None:
         search.study.enqueue_trial({"learning_rate": 1e-3})
     outcomes = search.run()
     states = {o.number: o.state for o in outcomes}
-    assert states[1] is TrialState.FAIL
+    assert states[1] is TrialState.FAILED
     assert search.study.trials[1].state == optuna.trial.TrialState.FAIL
     assert read(search.study.trials[1]).reason == "boom"
     assert len(outcomes) == 3 and all(t.state.is_finished() for t in search.study.trials)
@@ -253,7 +253,7 @@ def test_judge_divergence_beats_failure() -> None:
     outcome = judge(0, space_from({}, "fake", KNOBS, "<t>").config(
         {"learning_rate": 1.0, "clip_norm": None, "l2_weight": 0.0, "lr_decay": 1.0, "width": 8}),
         {0: diverged, 1: failed})
-    assert outcome.state is TrialState.PRUNED
+    assert outcome.state is TrialState.DIVERGED
 
 
 def test_make_sampler_tpe_starts_from_two_random_trials_per_searched_knob_between_4_and_10() -> None:
@@ -270,7 +270,7 @@ def test_search_races_a_new_best_to_eight_shared_seeds_before_telling_it() -> No
     search.study.enqueue_trial({"learning_rate": 10**-2.5})
     (outcome,) = search.run()
     trial = search.study.trials[0]
-    assert outcome.state is TrialState.COMPLETE and trial.state == optuna.trial.TrialState.COMPLETE
+    assert outcome.state is TrialState.SURVIVED and trial.state == optuna.trial.TrialState.COMPLETE
     assert read(trial).seed_numbers == (*spec_seeds(0), *STREAM.race(6))  # 2 -> 4 -> 8
     assert read(trial).phases == ("search",) * 2 + ("race",) * 6
     assert search.compute.runs == {"search": 2, "race": 6}
@@ -283,7 +283,7 @@ def test_search_race_seed_divergence_prunes_the_trial_and_tpe_is_told() -> None:
     search.study.enqueue_trial({"learning_rate": 10**-2.5})
     (outcome,) = search.run()
     trial = search.study.trials[0]
-    assert outcome.state is TrialState.PRUNED and trial.state == optuna.trial.TrialState.PRUNED
+    assert outcome.state is TrialState.DIVERGED and trial.state == optuna.trial.TrialState.PRUNED
     assert outcome.divergence is not None and outcome.divergence.seed in bad and outcome.divergence.step == 150
     assert read(trial).divergence_step == 150
     assert search.compute.runs["race"] == 2  # it never got to the 4 seeds of the last level
@@ -309,7 +309,7 @@ def test_search_survivor_that_did_not_learn_is_recorded_and_never_raced() -> Non
     search.study.enqueue_trial({"learning_rate": 1e-5})  # val loss 6.25, above the 5.0 at init
     (outcome,) = search.run()
     trial = search.study.trials[0]
-    assert outcome.state is TrialState.COMPLETE and outcome.learned is False
+    assert outcome.state is TrialState.SURVIVED and outcome.learned is False
     assert read(trial).learned is False and read(trial).init_val_loss == INIT_LOSS
     assert len(read(trial).seeds) == 2
 
@@ -345,7 +345,7 @@ def test_search_median_pruner_stops_a_finite_trial_behind_and_never_calls_it_div
     assert "at step 100 its loss was behind" in read(behind).reason
     assert {s.status for s in read(behind).seeds} == {SeedStatus.CANCELLED}
     assert max(behind.intermediate_values) == 100  # stopped at half the steps, not before
-    assert [outcomes[n].state for n in (0, 1, 2, 3, 4, 6)] == [TrialState.COMPLETE] * 6
+    assert [outcomes[n].state for n in (0, 1, 2, 3, 4, 6)] == [TrialState.SURVIVED] * 6
 
 
 def test_search_asha_stops_trials_outside_the_best_third_at_a_rung_and_never_calls_them_diverged() -> None:
@@ -355,7 +355,7 @@ def test_search_asha_stops_trials_outside_the_best_third_at_a_rung_and_never_cal
         search.study.enqueue_trial({"learning_rate": lr})
     outcomes = {o.number: o for o in search.run()}
     assert [outcomes[n].state for n in range(4)] == [
-        TrialState.COMPLETE, TrialState.STOPPED, TrialState.COMPLETE, TrialState.STOPPED]
+        TrialState.SURVIVED, TrialState.STOPPED, TrialState.SURVIVED, TrialState.STOPPED]
     behind = search.study.trials[1]
     assert behind.state == optuna.trial.TrialState.PRUNED and read(behind).divergence_step is None
     assert "at step 60 its loss was not in the best third" in read(behind).reason
@@ -403,8 +403,8 @@ def test_search_behind_pruner_stops_a_trial_far_behind_the_best_only_once_three_
     for lr in [10**-2.5, 1e-5, 10**-2.45, 10**-2.55, 1e-5, 10**-2.52]:
         search.study.enqueue_trial({"learning_rate": lr})
     outcomes = {o.number: o for o in search.run()}
-    assert [outcomes[n].state for n in range(6)] == [TrialState.COMPLETE] * 4 + [
-        TrialState.STOPPED, TrialState.COMPLETE]  # trial 1: one finished trial to compare with, too few
+    assert [outcomes[n].state for n in range(6)] == [TrialState.SURVIVED] * 4 + [
+        TrialState.STOPPED, TrialState.SURVIVED]  # trial 1: one finished trial to compare with, too few
     behind = search.study.trials[4]
     assert behind.state == optuna.trial.TrialState.PRUNED and read(behind).divergence_step is None
     assert "at step 60 its loss was more than 1.5x the lowest loss a finished trial had" in read(behind).reason
@@ -432,8 +432,8 @@ def test_first_seed_pruner_runs_the_other_seeds_only_for_a_first_seed_within_1_2
     lrs = [*THREE_FINISHED, 10**-3.5, 10**-2.15, 10**-2.95]  # validation losses 1.0, 0.1225, 0.2025 (+0.01)
     search, executor = first_seed_search(FirstSeedPruner(min_step=40, max_step=100, factor=100.0), lrs)
     outcomes = {o.number: o for o in search.run()}
-    assert [outcomes[n].state for n in range(6)] == [TrialState.COMPLETE] * 3 + [
-        TrialState.STOPPED, TrialState.COMPLETE, TrialState.STOPPED]  # 5: above 1.2x trial 4's, the best now
+    assert [outcomes[n].state for n in range(6)] == [TrialState.SURVIVED] * 3 + [
+        TrialState.STOPPED, TrialState.SURVIVED, TrialState.STOPPED]  # 5: above 1.2x trial 4's, the best now
     ran = {n: [s.seed for s in executor.submitted if s.trial == n] for n in range(6)}
     assert all(ran[n] == list(spec_seeds(n)) for n in (0, 1, 2, 4))
     assert all(ran[n] == list(spec_seeds(n)[:1]) for n in (3, 5))  # the other seed never ran
@@ -452,14 +452,15 @@ def test_first_seed_pruner_stops_a_first_seed_far_behind_at_the_same_step_and_a_
     lrs = [*THREE_FINISHED, 10**-3.5, 0.05]  # 3: loss 1.0 + 1/s against at most 0.154 + 1/s; 4: diverges at 10
     search, executor = first_seed_search(make_pruner("first-seed", 200), lrs)  # from step 33 to 100, 3x
     outcomes = {o.number: o for o in search.run()}
-    assert [outcomes[n].state for n in range(5)] == [TrialState.COMPLETE] * 3 + [TrialState.STOPPED, TrialState.PRUNED]
+    assert [outcomes[n].state for n in range(5)] == [TrialState.SURVIVED] * 3 + [TrialState.STOPPED,
+                                                                              TrialState.DIVERGED]
     assert [s.trial for s in executor.submitted].count(3) == 1 and [s.trial for s in executor.submitted].count(4) == 1
     stopped = read(search.study.trials[3])
     assert stopped.stopped_at == 40 and max(search.study.trials[3].intermediate_values) == 40  # first report past 33
     assert "at step 40 its first seed's loss was more than 3x the lowest loss a finished trial's first seed had" in \
         stopped.reason
     diverged = read(search.study.trials[4])
-    assert diverged.state is TrialState.PRUNED and diverged.divergence_step in (10, 11) and len(diverged.seeds) == 1
+    assert diverged.state is TrialState.DIVERGED and diverged.divergence_step in (10, 11) and len(diverged.seeds) == 1
 
 
 @pytest.mark.parametrize("storage", ["memory", "sqlite"])  # the values written are taken back in each
@@ -478,7 +479,7 @@ def test_first_seed_pruner_a_later_seed_diverging_before_the_first_seeds_last_re
         study.enqueue_trial({"learning_rate": lr})
     budget = Budget(4, steps=200, seeds=2, report_every=20, prune_from=40)
     outcomes = {o.number: o for o in Search(study, space, "fake", executor, budget, stream=STREAM).run()}
-    assert outcomes[3].state is TrialState.PRUNED
+    assert outcomes[3].state is TrialState.DIVERGED
     assert max(study.trials[2].intermediate_values) == 200  # a survivor keeps its values
     trial = study.trials[3]
     assert read(trial).divergence_step == 130 and read(trial).steps_survived == (200, 129)

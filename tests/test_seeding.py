@@ -13,7 +13,7 @@ CONFIG = TrainConfig(1e-3)
 
 
 def outcome(state: TrialState, value: float | None = None) -> TrialOutcome:
-    seed = RunRecord(0, 7, 9, RunStatus.DIVERGED if state is TrialState.PRUNED else RunStatus.SURVIVED, final=True)
+    seed = RunRecord(0, 7, 9, RunStatus.DIVERGED if state is TrialState.DIVERGED else RunStatus.SURVIVED, final=True)
     return TrialOutcome(0, CONFIG, state, (seed,), value=value, reason="" if value is not None else "x")
 
 
@@ -28,12 +28,12 @@ def test_first_seed_runs_the_rest_only_for_an_unstopped_survivor_within_val_fact
     policy = FirstSeed(val_factor=1.2)
     assert policy.first((3, 4, 5)) == (3,)
     best = [0.2, 0.5, 0.6]
-    assert policy.after_first(outcome(TrialState.COMPLETE, 0.24), False, best).act is Act.RUN  # 1.2 x 0.2
-    behind = policy.after_first(outcome(TrialState.COMPLETE, 0.25), False, best)
+    assert policy.after_first(outcome(TrialState.SURVIVED, 0.24), False, best).act is Act.RUN  # 1.2 x 0.2
+    behind = policy.after_first(outcome(TrialState.SURVIVED, 0.25), False, best)
     assert (behind.act, behind.state) == (Act.TELL, TrialState.STOPPED)
     assert behind.reason == ("its first seed's validation loss 0.25 was more than 1.2x the best trial's 0.2; "
                              "its other seeds were not run")
-    assert policy.after_first(outcome(TrialState.COMPLETE, 0.25), False, best[:2]).act is Act.RUN  # < 3 trials
-    for ended in (policy.after_first(outcome(TrialState.COMPLETE, 0.1), True, best),  # the pruner stopped it
-                  policy.after_first(outcome(TrialState.PRUNED), False, best)):
+    assert policy.after_first(outcome(TrialState.SURVIVED, 0.25), False, best[:2]).act is Act.RUN  # < 3 trials
+    for ended in (policy.after_first(outcome(TrialState.SURVIVED, 0.1), True, best),  # the pruner stopped it
+                  policy.after_first(outcome(TrialState.DIVERGED), False, best)):
         assert (ended.act, ended.state, ended.reason) == (Act.TELL, None, "")  # it ends as its first seed did

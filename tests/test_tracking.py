@@ -47,7 +47,7 @@ def test_tracker_retries_after_lost_answers_make_one_run_per_trial(
     final = RunRecord(0, 0, 30, RunStatus.SURVIVED, final=True, steps_survived=30, val_loss=0.5)
     for record in [*records, final]:
         tracker.on_trial_result(record)
-    tracker.on_trial_complete(TrialOutcome(0, config, TrialState.COMPLETE, (final,), value=0.5))
+    tracker.on_trial_complete(TrialOutcome(0, config, TrialState.SURVIVED, (final,), value=0.5))
     tracker.close()
     assert sorted(lost) == ["create_run", "log_batch", "set_terminated"]  # each failed once
 
@@ -130,7 +130,7 @@ def test_tracker_behind_puts_telemetry_in_telemetry_json_and_loses_nothing(
     final = RunRecord(0, 7, 30, RunStatus.SURVIVED, final=True, steps_survived=30, loss=0.1, grad_norm=1.5,
                       val_loss=0.5)
     tracker.on_trial_result(final)
-    tracker.on_trial_complete(TrialOutcome(0, config, TrialState.COMPLETE, (final,), value=0.5))
+    tracker.on_trial_complete(TrialOutcome(0, config, TrialState.SURVIVED, (final,), value=0.5))
     tracker.close()
 
     client = MlflowClient(uri)
@@ -181,9 +181,9 @@ def test_per_seed_metrics_are_named_by_position_so_every_run_has_the_same_column
     for record in [*race[0], *race[1]]:
         tracker.on_trial_result(record)
     raced = (race[0][-1], race[1][-1])
-    tracker.on_phase_end(TrialOutcome(0, config, TrialState.COMPLETE, raced, value=0.35, phase=Phase.RACE))
-    tracker.on_trial_complete(TrialOutcome(0, config, TrialState.COMPLETE, finals[0] + raced, value=0.45))
-    tracker.on_trial_complete(TrialOutcome(1, config, TrialState.COMPLETE, finals[1], value=0.75))
+    tracker.on_phase_end(TrialOutcome(0, config, TrialState.SURVIVED, raced, value=0.35, phase=Phase.RACE))
+    tracker.on_trial_complete(TrialOutcome(0, config, TrialState.SURVIVED, finals[0] + raced, value=0.45))
+    tracker.on_trial_complete(TrialOutcome(1, config, TrialState.SURVIVED, finals[1], value=0.75))
     tracker.close()
 
     client = MlflowClient(uri)

@@ -42,7 +42,7 @@ def outcome() -> TrialOutcome:
     diverged = RunRecord(3, 5, 34, RunStatus.DIVERGED, final=True, steps_survived=33, diverged_on=DivergedOn.LOSS,
                          forensics=Forensics(34, op="iter_2/recompute_input/Log"))
     cancelled = RunRecord(3, 6, 40, RunStatus.CANCELLED, final=True, steps_survived=40, error="cancelled")
-    return TrialOutcome(3, TrainConfig(1e-2, knobs={"max_iter": 6}), TrialState.PRUNED, (diverged, cancelled))
+    return TrialOutcome(3, TrainConfig(1e-2, knobs={"max_iter": 6}), TrialState.DIVERGED, (diverged, cancelled))
 
 
 def test_record_round_trips_and_tells_a_cancelled_sibling_from_a_diverged_seed() -> None:
@@ -210,7 +210,7 @@ def complete(number: int, value: float, seeds: int, reason: str = "") -> TrialRe
     """A COMPLETE trial that learned, on ``seeds`` seeds (the first two search seeds, the rest race seeds)."""
     runs = tuple(SeedResult(100 * number + i, SeedStatus.SURVIVED, 600, 600, "search" if i < 2 else "race",
                             val_loss=value) for i in range(seeds))
-    return TrialRecord(number, TrialState.COMPLETE, {"learning_rate": 1e-3 * (number + 1)}, 600, runs,
+    return TrialRecord(number, TrialState.SURVIVED, {"learning_rate": 1e-3 * (number + 1)}, 600, runs,
                        value=value, learned=True, init_val_loss=2.3, reason=reason)
 
 
@@ -244,7 +244,7 @@ def test_why_not_gives_every_lost_trial_one_short_line() -> None:
     assert why_not(complete(6, 0.07, 8), top) == "val loss 0.07 > trial 4's 0.0545; not verified"
     unlearned = replace(complete(7, 2.4, 2), learned=False)
     assert why_not(unlearned, top) == "did not learn: val loss 2.4 not below 2.3 at init"
-    failed = TrialRecord(8, TrialState.FAIL, {}, 600, (), reason="ValueError: " + "x " * 200)
+    failed = TrialRecord(8, TrialState.FAILED, {}, 600, (), reason="ValueError: " + "x " * 200)
     assert why_not(failed, top).startswith("failed: ValueError: x x") and len(why_not(failed, top)) <= 90
     assert why_not(failed, top).endswith("...") and why_not(top, top) == ""
     pruned = TrialRecord.from_outcome(outcome(), steps=100)
@@ -290,7 +290,7 @@ def test_counts_have_one_definition_in_the_launch_run_and_every_view(tmp_path: A
     assert counts.line() == ("30 trials finished: 4 survived, 4 diverged, 22 stopped by the pruner, 0 failed; "
                              "diverged fraction 50% (4 of the 8 trials that survived or diverged)")
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 't.db'}")
-    state = {TrialState.COMPLETE: optuna.trial.TrialState.COMPLETE, TrialState.FAIL: optuna.trial.TrialState.FAIL}
+    state = {TrialState.SURVIVED: optuna.trial.TrialState.COMPLETE, TrialState.FAILED: optuna.trial.TrialState.FAIL}
     for r in records:
         study.add_trial(optuna.trial.create_trial(state=state.get(r.state, optuna.trial.TrialState.PRUNED),
                                                   value=r.value, user_attrs={ATTR: r.to_dict()}))

@@ -34,7 +34,7 @@ def diverged_outcome(number: int) -> TrialOutcome:
     first = RunRecord(number, 7, 109, RunStatus.DIVERGED, final=True, steps_survived=108, last_finite_loss=1.2,
                       diverged_on=DivergedOn.LOSS, forensics=found)
     sibling = RunRecord(number, 8, 100, RunStatus.CANCELLED, final=True, steps_survived=100)
-    return TrialOutcome(number, TrainConfig(3e-3), TrialState.PRUNED, (first, sibling))
+    return TrialOutcome(number, TrainConfig(3e-3), TrialState.DIVERGED, (first, sibling))
 
 
 def test_tracker_opens_the_training_views_and_names_each_run_by_its_outcome(
@@ -51,7 +51,7 @@ def test_tracker_opens_the_training_views_and_names_each_run_by_its_outcome(
                          init_val_loss=2.0)
     tracker.on_trial_start(0, TrainConfig(1e-3), (5,))
     tracker.on_trial_start(1, TrainConfig(3e-3), (7, 8))
-    tracker.on_trial_complete(TrialOutcome(0, TrainConfig(1e-3), TrialState.COMPLETE, (survived,), value=0.25))
+    tracker.on_trial_complete(TrialOutcome(0, TrainConfig(1e-3), TrialState.SURVIVED, (survived,), value=0.25))
     # the final record of a divergence at step 109 holds the last finite loss, of step 108
     tracker.on_trial_result(dataclasses.replace(diverged_outcome(1).seeds[0], loss=1.2))
     tracker.on_trial_complete(diverged_outcome(1))
@@ -103,7 +103,7 @@ def test_tracker_keeps_an_experiment_description_the_user_wrote(tmp_path: Path,
 def survived_outcome(number: int, value: float, seeds: tuple[int, ...] = (5,)) -> TrialOutcome:
     runs = tuple(RunRecord(number, seed, 200, RunStatus.SURVIVED, final=True, steps_survived=200, val_loss=value,
                            init_val_loss=2.0) for seed in seeds)
-    return TrialOutcome(number, TrainConfig(1e-3 * (number + 1)), TrialState.COMPLETE, runs, value=value)
+    return TrialOutcome(number, TrainConfig(1e-3 * (number + 1)), TrialState.SURVIVED, runs, value=value)
 
 
 def stopped_outcome(number: int) -> TrialOutcome:

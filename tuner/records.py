@@ -247,14 +247,16 @@ class RunRecord:
 class TrialState(enum.StrEnum):
     """How a trial ended: the MLflow ``status`` tag (the value) and, through it, the Optuna state.
 
-    ``STOPPED`` is a finite trial the pruner stopped because its loss was behind: Optuna holds it
-    as PRUNED, like a diverged one, but it never counts as a divergence.
+    ``SURVIVED``: every seed trained to the end (Optuna COMPLETE, with its value); ``DIVERGED``: a
+    seed hit a NaN/Inf (Optuna PRUNED, at the divergence step); ``STOPPED``: finite, but the pruner
+    stopped it because its loss was behind (Optuna PRUNED too, and never counted as a divergence);
+    ``FAILED``: a run crashed or was lost (Optuna FAIL).
     """
 
-    COMPLETE = "survived"
-    PRUNED = "diverged"
+    SURVIVED = "survived"
+    DIVERGED = "diverged"
     STOPPED = "stopped"
-    FAIL = "failed"
+    FAILED = "failed"
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ def note(record: TrialRecord) -> str:
                      + (" (exported: best_config.yaml)" if record.chosen else ""))
     if record.margin is not None:
         facts.append(f"- survives up to {record.margin.lr_factor:g}x its learning rate")
-    if record.reason and record.state is not TrialState.PRUNED:
+    if record.reason and record.state is not TrialState.DIVERGED:
         facts.append(f"- {record.reason.splitlines()[0][:300]}")
     rows = [f"| {s.seed} | {s.phase} | {s.text().split(': ', 1)[1]} |" for s in record.seeds]
     config = ["", "config:", "", "```yaml", best_yaml(record.config), "```"]
@@ -61,14 +61,14 @@ def note(record: TrialRecord) -> str:
 def headline(record: TrialRecord) -> str:
     """``diverged at step 109 (loss, iter_2/recompute_input/Log, seed 7)`` / ``survived, val loss 0.0362``."""
     first = record.divergence
-    if record.state is TrialState.PRUNED and first is not None:
+    if record.state is TrialState.DIVERGED and first is not None:
         detail = ", ".join(x for x in (first.diverged_on, f"`{first.op}`" if first.op else None,
                                        f"seed {first.seed}", "a race seed" if first.phase == "race" else None) if x)
         return f"diverged at step {first.step} ({detail})"
     text = status_text(record)
     if record.state is TrialState.STOPPED and record.stopped_at is not None:
         text += f" by the pruner at step {record.stopped_at}"
-    if record.value is not None and record.state is TrialState.COMPLETE:
+    if record.value is not None and record.state is TrialState.SURVIVED:
         text += f", val loss {record.value:.4g}"
     return text
 
@@ -165,7 +165,7 @@ def save_study_note(study: Any, records: Sequence[TrialRecord]) -> bool:
     """Write :func:`study_note` as optuna-dashboard's study note, keeping a note the user wrote below
     it, and :func:`exported_line` as the study's :data:`EXPORTED_ATTR` attribute; False without
     optuna-dashboard or without an incumbent."""
-    best = min((r for r in records if r.state is TrialState.COMPLETE and r.value is not None),
+    best = min((r for r in records if r.state is TrialState.SURVIVED and r.value is not None),
                key=lambda r: (r.value, r.number), default=None)
     line = exported_line(records, best.number if best else None)
     if line:

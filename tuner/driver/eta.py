@@ -178,7 +178,7 @@ class Eta:
             self._done[phase] += 1
             self._runs.pop((outcome.number, phase), None)
         if phase is Phase.MARGIN:  # a pass that diverged or did not learn: the next factor runs
-            passed = outcome.state is TrialState.COMPLETE and outcome.learned is not False
+            passed = outcome.state is TrialState.SURVIVED and outcome.learned is not False
             self._more[phase] = not passed and self._done[phase] < len(MARGIN_FACTORS)
 
     def trial_finished(self, number: int) -> None:

@@ -56,7 +56,7 @@ def best_config(study: optuna.Study, storage: str, steps: int, model: str | None
     if found is None:
         raise NoTrialFinished(all_failed_message(study))
     trial, rule = found
-    diverged = trial.state is not TrialState.COMPLETE
+    diverged = trial.state is not TrialState.SURVIVED
     stability: dict[str, Any] = {
         "steps": trial.steps or steps,
         "seeds": list(trial.seed_numbers),

@@ -131,7 +131,7 @@ def run_labels(name: str, outcome: TrialOutcome) -> dict[str, str]:
 def run_name(name: str, outcome: TrialOutcome) -> str:
     """``name`` with the outcome: ``trial-3 diverged@109``, ``trial-1 survived``, ``trial-4 stopped``."""
     first = outcome.divergence
-    if outcome.state is TrialState.PRUNED and first is not None:
+    if outcome.state is TrialState.DIVERGED and first is not None:
         return f"{name} diverged@{first.step}"
     return f"{name} {outcome.state.value}"
 
@@ -139,9 +139,9 @@ def run_name(name: str, outcome: TrialOutcome) -> str:
 def description(outcome: TrialOutcome) -> str:
     """One sentence: what went non-finite where and when, or how the trial ended."""
     first = outcome.divergence
-    if outcome.state is TrialState.PRUNED and first is not None:
+    if outcome.state is TrialState.DIVERGED and first is not None:
         return divergence_sentence(first, outcome)
-    if outcome.state is TrialState.COMPLETE:
+    if outcome.state is TrialState.SURVIVED:
         steps = min(outcome.steps_survived, default=0)
         value = f"; validation loss {outcome.value:.4g}" if outcome.value is not None else ""
         init = f" (at initialisation {outcome.init_val_loss:.4g})" if outcome.init_val_loss is not None else ""
@@ -185,7 +185,7 @@ def divergence_points(outcome: TrialOutcome, positions: Mapping[int, int]) -> li
     diverged = [r for r in outcome.seeds if r.status is RunStatus.DIVERGED]
     points = [(f"{seed_key(positions[r.seed])}/diverged_at_step", float(r.step), r.step) for r in diverged]
     first = outcome.divergence
-    if first is not None and outcome.state is TrialState.PRUNED:
+    if first is not None and outcome.state is TrialState.DIVERGED:
         points.append(("divergence_step", float(first.step), first.step))
     return points
 

@@ -107,16 +107,17 @@ def judge(number: int, config: TrainConfig, finals: dict[int, RunRecord], phase:
     failed = [r for r in seeds if r.status is RunStatus.FAILED]
     cut = any(r.status is not RunStatus.SURVIVED for r in seeds)
     if any(r.status is RunStatus.DIVERGED for r in seeds):
-        outcome = TrialOutcome(number, config, TrialState.PRUNED, seeds, phase=phase)
+        outcome = TrialOutcome(number, config, TrialState.DIVERGED, seeds, phase=phase)
     elif failed:
-        outcome = TrialOutcome(number, config, TrialState.FAIL, seeds, reason=failed[0].error or "failed", phase=phase)
+        outcome = TrialOutcome(number, config, TrialState.FAILED, seeds, reason=failed[0].error or "failed",
+                               phase=phase)
     elif stop is not None and (cut or stop.ended):
         outcome = TrialOutcome(number, config, TrialState.STOPPED, seeds, reason=stop.reason, phase=phase)
     elif cut:
-        outcome = TrialOutcome(number, config, TrialState.FAIL, seeds, reason="a seed run ended early", phase=phase)
+        outcome = TrialOutcome(number, config, TrialState.FAILED, seeds, reason="a seed run ended early", phase=phase)
     else:
         value = statistics.fmean(r.val_loss for r in seeds if r.val_loss is not None)
-        outcome = TrialOutcome(number, config, TrialState.COMPLETE, seeds, value=value, phase=phase)
+        outcome = TrialOutcome(number, config, TrialState.SURVIVED, seeds, value=value, phase=phase)
     check(outcome)
     return outcome
 
@@ -125,23 +126,23 @@ def check(outcome: TrialOutcome) -> None:
     """Raise RuntimeError when ``outcome`` breaks its state's invariant: a COMPLETE trial has a value;
     a diverged (PRUNED) one a diverged seed and no value; a STOPPED or FAIL one a reason and no value."""
     state, problem = outcome.state, ""
-    if state is TrialState.COMPLETE and outcome.value is None:
+    if state is TrialState.SURVIVED and outcome.value is None:
         problem = "a survived trial has no value"
-    elif state is not TrialState.COMPLETE and outcome.value is not None:
+    elif state is not TrialState.SURVIVED and outcome.value is not None:
         problem = f"a {state.value} trial has a value"
-    elif state is TrialState.PRUNED and outcome.divergence is None:
+    elif state is TrialState.DIVERGED and outcome.divergence is None:
         problem = "a diverged trial has no diverged seed"
-    elif state in (TrialState.STOPPED, TrialState.FAIL) and not outcome.reason:
+    elif state in (TrialState.STOPPED, TrialState.FAILED) and not outcome.reason:
         problem = f"a {state.value} trial has no reason"
     if problem:
         raise RuntimeError(f"trial {outcome.number}: {problem} (a bug in tuner: please report it)")
 
 
 OPTUNA_STATE = {  # how Optuna holds each state: a stopped trial is PRUNED too, but never counts as diverged
-    TrialState.COMPLETE: optuna.trial.TrialState.COMPLETE,
-    TrialState.PRUNED: optuna.trial.TrialState.PRUNED,
+    TrialState.SURVIVED: optuna.trial.TrialState.COMPLETE,
+    TrialState.DIVERGED: optuna.trial.TrialState.PRUNED,
     TrialState.STOPPED: optuna.trial.TrialState.PRUNED,
-    TrialState.FAIL: optuna.trial.TrialState.FAIL,
+    TrialState.FAILED: optuna.trial.TrialState.FAIL,
 }
 
 

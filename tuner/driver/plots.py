@@ -71,7 +71,7 @@ def figure(name: str, rows: Sequence[TrialRecord], log_knobs: Collection[str] = 
     from matplotlib.figure import Figure
 
     counts = Counts.of(rows)
-    rows = [r for r in rows if r.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.STOPPED)]
+    rows = [r for r in rows if r.state in (TrialState.SURVIVED, TrialState.DIVERGED, TrialState.STOPPED)]
     draws: dict[str, Callable[[Any, Sequence[TrialRecord]], None]] = {
         STABILITY_MAP: partial(stability_map, log_knobs=log_knobs), SURVIVAL: survival_curves}
     draw = draws[name]
@@ -124,7 +124,7 @@ def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRecord])
     state = np.array([r.state.value for r in rows])
     chosen = np.array([r.chosen for r in rows])
     style = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0}
-    ok, bad = (state == TrialState.COMPLETE.value) & ~chosen, (state == TrialState.PRUNED.value) & ~chosen
+    ok, bad = (state == TrialState.SURVIVED.value) & ~chosen, (state == TrialState.DIVERGED.value) & ~chosen
     stopped = state == TrialState.STOPPED.value
     if stopped.any():
         ax.scatter(x[stopped], y[stopped], marker="o", facecolors="none", edgecolors="grey",

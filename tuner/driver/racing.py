@@ -59,7 +59,7 @@ class Racing:
         number = outcome.number
         self._standing.pop(number, None)
         self._racing.discard(number)
-        if outcome.state is not TrialState.COMPLETE or outcome.learned is False or outcome.value is None:
+        if outcome.state is not TrialState.SURVIVED or outcome.learned is False or outcome.value is None:
             return Decision(Act.TELL)
         self._standing[number] = (len(outcome.seeds), outcome.value)
         losses = [r.val_loss for r in outcome.seeds if r.val_loss is not None]

@@ -153,7 +153,7 @@ def selection_lines(study: Any, records: Sequence[TrialRecord]) -> list[str]:
         return []
     top, rule = found
     lines = [f"exported (*): trial {top.number}, by the rule: {rule}"]
-    lowest = min((r for r in records if r.value is not None and r.state is TrialState.COMPLETE),
+    lowest = min((r for r in records if r.value is not None and r.state is TrialState.SURVIVED),
                  key=lambda r: (r.value or 0.0, r.number), default=None)
     if lowest is not None and lowest.number != top.number:
         why = trialrecord.why_not(lowest, top, studyrecord.race_seeds(study))

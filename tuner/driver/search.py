@@ -330,7 +330,7 @@ class Search:
         and Optuna gives a PRUNED trial whose last value is NaN no value, so no training loss is shown
         on the val_loss axis.
         """
-        first = outcome.divergence if outcome.state is TrialState.PRUNED else None
+        first = outcome.divergence if outcome.state is TrialState.DIVERGED else None
         if first is None:
             self._reports.flush(active.trial)
             return

@@ -49,7 +49,7 @@ class FirstSeed:
     Example:
         >>> from tuner.records import TrialOutcome, TrialState, TrainConfig
         >>> policy = FirstSeed(val_factor=1.2)
-        >>> survived = TrialOutcome(5, TrainConfig(1e-3), TrialState.COMPLETE, (), value=0.3)
+        >>> survived = TrialOutcome(5, TrainConfig(1e-3), TrialState.SURVIVED, (), value=0.3)
         >>> policy.after_first(survived, stopped=False, best=[0.2, 0.25, 0.4]).act  # 0.3 > 1.2 x 0.2
         <Act.TELL: 'tell'>
         >>> policy.after_first(survived, stopped=False, best=[0.26, 0.3, 0.4]).act
@@ -63,7 +63,7 @@ class FirstSeed:
         return seeds[:1]
 
     def after_first(self, first: TrialOutcome, stopped: bool, best: Sequence[float]) -> Decision:
-        if stopped or first.state is not TrialState.COMPLETE or first.value is None:
+        if stopped or first.state is not TrialState.SURVIVED or first.value is None:
             return Decision(Act.TELL)  # it ends as its first seed did: diverged, failed or stopped
         if len(best) >= self.min_trials and first.value > self.val_factor * min(best):
             reason = (f"its first seed's validation loss {first.value:.4g} was more than {self.val_factor:g}x "

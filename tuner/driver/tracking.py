@@ -49,8 +49,8 @@ from tuner.records import (
 
 log = logging.getLogger(__name__)
 
-_RUN_STATUS = {TrialState.COMPLETE: "FINISHED", TrialState.PRUNED: "FINISHED", TrialState.STOPPED: "FINISHED",
-               TrialState.FAIL: "FAILED"}
+_RUN_STATUS = {TrialState.SURVIVED: "FINISHED", TrialState.DIVERGED: "FINISHED", TrialState.STOPPED: "FINISHED",
+               TrialState.FAILED: "FAILED"}
 DIVERGENCE_FILE = "divergence.json"
 DRIVER_TAG = orphans.DRIVER_TAG  # the id of the launch that created a run (tuner.driver.liveness)
 __all__ = ["DIVERGENCE_FILE", "DRIVER_TAG", "TELEMETRY_FILE", "Tracker", "artifact_location", "connect"]

@@ -304,12 +304,12 @@ def _legacy(number: int, attrs: Mapping[str, Any]) -> TrialRecord:
     phases = attrs.get("phases") or ["search"] * len(attrs["seeds"])
     seeds = []
     for seed, survived, phase in zip(attrs["seeds"], attrs["steps_survived"], phases, strict=False):
-        if state is TrialState.PRUNED and first is not None and (
+        if state is TrialState.DIVERGED and first is not None and (
                 survived == first - 1 or (on == "validation" and survived == first)):
             seeds.append(SeedResult(seed, SeedStatus.DIVERGED, first, survived, phase, diverged_on=on))
-        elif state is TrialState.COMPLETE:
+        elif state is TrialState.SURVIVED:
             seeds.append(SeedResult(seed, SeedStatus.SURVIVED, survived, survived, phase))
-        elif state is TrialState.FAIL:
+        elif state is TrialState.FAILED:
             seeds.append(SeedResult(seed, SeedStatus.FAILED, survived, survived, phase, reason=attrs.get("reason")))
         else:
             seeds.append(SeedResult(seed, SeedStatus.CANCELLED, survived, survived, phase))
@@ -328,7 +328,7 @@ def candidates(records: Iterable[TrialRecord], race_seeds: int = 0) -> list[Tria
     """The trials the selection rule may export, best validation loss first: COMPLETE trials that
     learned and (when racing) survived ``race_seeds`` seeds; if none was raced that far, every
     COMPLETE trial that learned. End-of-launch verification takes its configs from here, in this order."""
-    done = [r for r in records if r.state is TrialState.COMPLETE and r.value is not None and r.learned is not False]
+    done = [r for r in records if r.state is TrialState.SURVIVED and r.value is not None and r.learned is not False]
     raced = [r for r in done if len(r.seeds) >= race_seeds]
     return sorted(raced or done, key=lambda r: (r.value, r.number))
 
@@ -344,7 +344,7 @@ def incumbent(records: Iterable[TrialRecord], choice: Choice | None = None,
     that did not learn; else the trial whose weakest seed survived longest (a trial stopped by the
     pruner never counts).
     """
-    records = [r for r in records if r.state is not TrialState.FAIL]
+    records = [r for r in records if r.state is not TrialState.FAILED]
     found = next((r for r in records if choice is not None and r.number == choice.trial), None)
     if found is not None and choice is not None:
         return found, choice.rule
@@ -353,11 +353,11 @@ def incumbent(records: Iterable[TrialRecord], choice: Choice | None = None,
         raced = race_seeds > 0 and len(pool[0].seeds) >= race_seeds
         return pool[0], UNVERIFIED_RULE if not raced else UNVERIFIED_RULE.replace(
             "that learned", f"that learned and were raced to {race_seeds} seeds")
-    complete = [r for r in records if r.state is TrialState.COMPLETE and r.value is not None]
+    complete = [r for r in records if r.state is TrialState.SURVIVED and r.value is not None]
     if complete:
         rule = "no COMPLETE trial learned: the lowest validation loss of those that survived"
         return min(complete, key=lambda r: (r.value, r.number)), rule
-    pruned = [r for r in records if r.state is TrialState.PRUNED]
+    pruned = [r for r in records if r.state is TrialState.DIVERGED]
     if not pruned:
         return None
     rule = "no trial survived the budget: the one whose weakest seed survived longest"
@@ -398,8 +398,8 @@ class Counts:
     def of(cls, records: Iterable[TrialRecord]) -> Counts:
         """The counts of ``records``."""
         states = [r.state for r in records]
-        return cls(*(states.count(s) for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.STOPPED,
-                                               TrialState.FAIL)))
+        return cls(*(states.count(s) for s in (TrialState.SURVIVED, TrialState.DIVERGED, TrialState.STOPPED,
+                                               TrialState.FAILED)))
 
     @property
     def finished(self) -> int:
@@ -455,7 +455,7 @@ def short_reason(record: TrialRecord) -> str:
     """How the trial ended, when it did not survive, in one short line (``stopped: first seed 0.167
     > 1.2 x best 0.0545``, ``diverged at step 41 (seed 7): loss``, ``failed: ...``); a survivor's
     search-time reason (``not raced``); else ""."""
-    if record.state is TrialState.PRUNED and record.divergence is not None:
+    if record.state is TrialState.DIVERGED and record.divergence is not None:
         first = record.divergence
         race = ", a race seed" if first.phase == "race" else ""
         return f"diverged at step {first.step} (seed {first.seed}{race}): {first.diverged_on or '?'}"
@@ -465,7 +465,7 @@ def short_reason(record: TrialRecord) -> str:
             if found:
                 return form.format(*found.groups())
         return clip(f"stopped: {record.reason or 'by the pruner'}")
-    if record.state is TrialState.FAIL:
+    if record.state is TrialState.FAILED:
         return clip(f"failed: {record.reason or '?'}")
     return clip(record.reason)
 
@@ -479,7 +479,7 @@ def why_not(record: TrialRecord, top: TrialRecord | None, race_seeds: int = 0) -
     """
     if top is None or record.number == top.number:
         return ""
-    if record.state is not TrialState.COMPLETE:
+    if record.state is not TrialState.SURVIVED:
         return short_reason(record)
     value, v = record.value, record.verification
     if record.learned is False:

@@ -38,7 +38,7 @@ def knobs_text(config: Mapping[str, Any], keys: Sequence[str] | None, sep: str =
 def status_text(record: TrialRecord) -> str:
     """The trial's status; a survivor whose validation loss stayed at or above its loss at
     initialisation reads ``survived, did not learn``."""
-    if record.state is TrialState.COMPLETE and record.learned is False:
+    if record.state is TrialState.SURVIVED and record.learned is False:
         return "survived, did not learn"
     return record.state.value
 
@@ -111,7 +111,7 @@ def outcome_text(record: TrialRecord, cause: str | None = None) -> str:
     best 0.0545``); a survivor that is not the incumbent gets a last line saying why not."""
     val = "" if record.value is None or not math.isfinite(record.value) else f", val loss {record.value:.4g}"
     why = reason_text(record)
-    ended = record.state in (TrialState.STOPPED, TrialState.FAIL) and why  # "stopped: ...", "failed: ..."
+    ended = record.state in (TrialState.STOPPED, TrialState.FAILED) and why  # "stopped: ...", "failed: ..."
     lines = [why if ended else status_text(record) + val, f"seeds {seeds_text(record)}: {steps_text(record)}"]
     divergence = divergence_text(record, cause)
     return "\n".join(line for line in (*lines, divergence, "" if divergence or ended else why) if line)
@@ -133,7 +133,7 @@ def best_so_far(records: Sequence[TrialRecord], keys: Sequence[str] | None = Non
         return "-"
     top = found[0]
     text = describe(top, keys)
-    lowest = min((r for r in records if r.state is TrialState.COMPLETE and r.value is not None),
+    lowest = min((r for r in records if r.state is TrialState.SURVIVED and r.value is not None),
                  key=lambda r: (r.value, r.number), default=None)
     if lowest is not None and lowest.number != top.number:
         text += f" (lowest val loss: trial {lowest.number}, {trialrecord.why_not(lowest, top, race_seeds)})"
@@ -144,7 +144,7 @@ def describe(record: TrialRecord, keys: Sequence[str] | None = None) -> str:
     """One line about a finished trial: its state, how each seed ended where it matters, its knobs."""
     text = f"trial {record.number}: {record.state.value}"
     first = record.divergence
-    if record.state is TrialState.COMPLETE and record.value is not None:
+    if record.state is TrialState.SURVIVED and record.value is not None:
         text += f", val_loss {record.value:.4g}"
         if record.learned is False:
             text += " (did not learn: not below its loss at init)"
