@@ -51,7 +51,7 @@ class Clock:
         """Timestamp the record."""
         self.arrivals.append((time.perf_counter(), record))
 
-    def on_trial_complete(self, outcome: Any) -> None:
+    def on_trial_complete(self, outcome: Any, record: Any = None) -> None:
         """Nothing to time."""
 
 

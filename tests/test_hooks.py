@@ -275,12 +275,12 @@ def test_fail_trial_fails_a_running_trial_with_its_reason_and_through_tell_witho
 ) -> None:
     study = _sqlite_study(tmp_path)
     first, second = study.ask(), study.ask()
-    assert hooks.fail_trial(study, hooks.frozen_trial(study, first.number), "stopped")
+    assert hooks.fail_trial(study, hooks.frozen_trial(study, first.number), {"reason": "stopped"})
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
-        hooks.fail_trial(study, hooks.frozen_trial(study, first.number), "again")
+        hooks.fail_trial(study, hooks.frozen_trial(study, first.number), {"reason": "again"})
     stand_in = types.SimpleNamespace(number=second.number)  # an Optuna whose FrozenTrial has no storage id
     with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
-        assert hooks.fail_trial(study, stand_in, "stopped")
+        assert hooks.fail_trial(study, stand_in, {"reason": "stopped"})
     assert "told FAIL through study.tell" in caplog.text
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
         hooks.fail_trial(study, stand_in)

@@ -12,8 +12,9 @@ import pytest
 from tests.test_search import KNOBS, FakeExecutor
 from tuner.config import LaunchConfig
 from tuner.driver.launch import open_study, repair
-from tuner.driver.liveness import DUPLICATE_OF, RERUN_OF, Liveness, counted
+from tuner.driver.liveness import Liveness, counted
 from tuner.driver.search import Budget, Search, make_sampler
+from tuner.driver.trialrecord import DUPLICATE_OF, RERUN_OF
 from tuner.records import TrainConfig
 from tuner.spaces import space_from
 

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from tuner.driver.eta import Eta, Work, harmonic
 from tuner.driver.progress import PIPED_WIDTH, ProgressView, output_console
+from tuner.driver.trialrecord import TrialRecord
 from tuner.records import Phase, RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
 
 STEP = 0.01  # seconds a run takes per step
@@ -68,8 +69,8 @@ class FakeLaunch:
                                                 phase=Phase.RACE))
             finals += raced
         state = TrialState.SURVIVED if stop_at is None else TrialState.STOPPED
-        self.view.on_trial_complete(TrialOutcome(number, config, state, tuple(finals),
-                                                 0.1 if stop_at is None else None, reason="behind"))
+        told = TrialOutcome(number, config, state, tuple(finals), 0.1 if stop_at is None else None, reason="behind")
+        self.view.on_trial_complete(told, TrialRecord.from_outcome(told, self.work.steps))
         self.note()
 
     def check(self, phase: Phase, passes: int = 1) -> None:

@@ -180,7 +180,7 @@ def test_progress_line_names_the_op_the_knobs_and_the_clock() -> None:
         rendered = io.StringIO()
         Console(file=rendered, width=80).print(view._render())
         assert "seed 5: 50/100" in rendered.getvalue()
-        view.on_trial_complete(outcome())
+        view.on_trial_complete(outcome(), TrialRecord.from_outcome(outcome(), 100))
     line = " ".join(buffer.getvalue().split())
     assert line.startswith("[1/2 ") and "elapsed" in line
     assert "at step 34 (loss, iter_2/recompute_input/Log, seed 5); seed 6: cancelled at step 40" in line

@@ -383,13 +383,13 @@ def frozen_trial(study: Any, number: int) -> Any:
     return read(find(study_id, number))
 
 
-def fail_trial(study: Any, trial: Any, reason: str | None = None) -> bool:
-    """Mark running trial ``trial`` (a ``FrozenTrial`` of ``study``) FAIL, with user attr ``reason`` if
+def fail_trial(study: Any, trial: Any, attrs: Mapping[str, Any] | None = None) -> bool:
+    """Mark running trial ``trial`` (a ``FrozenTrial`` of ``study``) FAIL, with user ``attrs`` if
     given, straight in the storage: no sampler hears of it, as when Optuna fails a stale trial
     (``fail_stale_trials``). Returns whether the storage changed its state.
 
     Fails open: when Optuna's storage internals cannot be reached, it is told FAIL through
-    ``study.tell`` (its sampler hears of it; no ``reason`` is kept), said at debug level.
+    ``study.tell`` (its sampler hears of it; no ``attrs`` are kept), said at debug level.
 
     Raises:
         optuna.exceptions.UpdateFinishedTrialError: the trial has finished already (told by another
@@ -408,8 +408,8 @@ def fail_trial(study: Any, trial: Any, reason: str | None = None) -> bool:
         except ValueError as finished:  # "Cannot tell a COMPLETE trial": as the storage says it
             raise optuna.exceptions.UpdateFinishedTrialError(str(finished)) from finished
         return True
-    if reason is not None:
-        set_attr(tid, "reason", reason)
+    for key, value in (attrs or {}).items():
+        set_attr(tid, key, value)
     return bool(set_state(tid, fail))
 
 

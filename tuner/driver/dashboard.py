@@ -21,7 +21,7 @@ from typing import Any
 
 from tuner.driver.trialrecord import ATTR, Counts, TrialRecord, study_records
 from tuner.driver.views import best_yaml, seeds_text, status_text, steps_text
-from tuner.hooks import frozen_trial, save_trial_note
+from tuner.hooks import save_trial_note
 from tuner.records import TrialOutcome, TrialState
 
 log = logging.getLogger(__name__)
@@ -91,12 +91,9 @@ class Notes:
     def on_phase_end(self, outcome: TrialOutcome) -> None:
         """Nothing to note: the trial's end notes its race levels."""
 
-    def on_trial_complete(self, outcome: TrialOutcome) -> None:
-        """Write the told trial's note from its record in the study."""
-        trial = frozen_trial(self.study, outcome.number)
-        doc = trial.user_attrs.get(ATTR)
-        if doc is not None:
-            save_trial_note(self.study, outcome.number, note(TrialRecord.from_dict(doc)), version=1)
+    def on_trial_complete(self, outcome: TrialOutcome, record: TrialRecord) -> None:
+        """Write the told trial's note from its record."""
+        save_trial_note(self.study, outcome.number, note(record), version=1)
 
 
 def refresh(study: Any) -> None:

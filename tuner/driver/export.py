@@ -27,7 +27,7 @@ from tuner import atomic
 from tuner.answer import BestConfig
 from tuner.config import redact
 from tuner.driver import studyrecord, trialrecord
-from tuner.driver.trialrecord import TrialRecord
+from tuner.driver.trialrecord import REASON, TrialRecord
 from tuner.errors import NoTrialFinished
 from tuner.records import TrialState
 from tuner.spaces import TUNER_KNOBS
@@ -106,7 +106,7 @@ def all_failed_message(study: optuna.Study, top: int = 3) -> str:
 
 def _reason(trial: optuna.trial.FrozenTrial) -> str:
     record = trialrecord.read(trial)
-    reason = record.reason if record is not None else trial.user_attrs.get("reason")  # set by tuner.driver.liveness
+    reason = record.reason if record is not None else trial.user_attrs.get(REASON)  # set by tuner.driver.liveness
     if not reason:
         return "interrupted (its launch stopped)" if record is None else "unknown"
     return " ".join(str(reason).split())[:160]

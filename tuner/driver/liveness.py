@@ -29,13 +29,11 @@ from typing import Any
 import optuna
 
 from tuner import hooks
+from tuner.driver.trialrecord import DRIVER, DUPLICATE_OF, REASON, RERUN_OF
 
 log = logging.getLogger(__name__)
 
-DRIVER = "tuner.driver"  # trial user attr: the id of the driver that runs it
 DRIVER_BEAT = "tuner.driver."  # study user attr prefix: driver id -> time of its last beat
-RERUN_OF = "rerun_of"  # trial user attr: the number of the interrupted trial it reruns
-DUPLICATE_OF = "duplicate_of"  # trial user attr: the trial whose config it repeated (not trained)
 _RUNNING = optuna.trial.TrialState.RUNNING
 # ask/tell with heartbeats is what this module is for: Optuna warns about it on every ask
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
@@ -133,7 +131,7 @@ class Liveness:
         for number in self.mine():
             trial = hooks.frozen_trial(self.study, number)
             try:
-                if hooks.fail_trial(self.study, trial, reason):
+                if hooks.fail_trial(self.study, trial, {REASON: reason}):
                     if self._may_rerun(trial):
                         self.study.enqueue_trial(trial.params, user_attrs={RERUN_OF: number}, skip_if_exists=False)
                     stopped.append(number)

@@ -68,8 +68,7 @@ def log_missing(client: Any, experiment_id: str, study: Any, live: Collection[st
     outcome as tags and its validation loss. A duplicate (never trained) gets none; a live driver's
     trial is left to its driver, whose queue may still hold its run. Returns how many were logged."""
     from tuner.driver import mlflow_runs
-    from tuner.driver.liveness import DRIVER, DUPLICATE_OF
-    from tuner.driver.trialrecord import read
+    from tuner.driver.trialrecord import DRIVER, DUPLICATE_OF, read
 
     logged = mlflow_runs.own_runs(mlflow_runs.all_runs(client, experiment_id))
     made = 0

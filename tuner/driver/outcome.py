@@ -18,12 +18,15 @@ import enum
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import optuna
 
 from tuner.hooks import tell_pruned_without_value
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, TrainConfig, TrialOutcome, TrialState
+
+if TYPE_CHECKING:
+    from tuner.driver.trialrecord import TrialRecord
 
 
 class Executor(Protocol):
@@ -56,8 +59,10 @@ class Callback(Protocol):
     def on_trial_result(self, record: RunRecord) -> None:
         """A seed run (of any phase: ``record.phase``) streamed a record."""
 
-    def on_trial_complete(self, outcome: TrialOutcome) -> None:
-        """A trial ended (its search runs and any race levels) and was told to Optuna."""
+    def on_trial_complete(self, outcome: TrialOutcome, record: TrialRecord) -> None:
+        """A trial ended (its search runs and any race levels) and was told to Optuna: ``outcome``
+        holds its runs' final records, ``record`` what the study keeps of it (its user attr), built
+        once by the loop; a view shows the record and never reads it back or rebuilds it."""
 
     def on_phase_start(self, number: int, phase: Phase, config: TrainConfig, seeds: Sequence[int]) -> None:
         """Runs of another phase than the search started for trial ``number``'s config."""

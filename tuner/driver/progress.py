@@ -139,12 +139,11 @@ class ProgressView:
         """A line about the launch (above the live view when live)."""
         self._print(text)
 
-    def on_trial_complete(self, outcome: TrialOutcome) -> None:
+    def on_trial_complete(self, outcome: TrialOutcome, record: TrialRecord) -> None:
         """Move the trial to the finished counts; print a line when not live."""
         self._running.pop(outcome.number, None)
         self._phase.pop(outcome.number, None)
         self.eta.trial_finished(outcome.number)
-        record = TrialRecord.from_outcome(outcome, self.steps)
         self.done.append(record)
         if self._live is None:
             self._print(f"[{len(self.done)}/{self.total} {self.clock()}] {views.describe(record, self.keys)}")

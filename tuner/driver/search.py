@@ -29,12 +29,12 @@ import optuna
 from tuner.driver import signals
 from tuner.driver.evidence import SeedStream
 from tuner.driver.intermediate import Reports
-from tuner.driver.liveness import DUPLICATE_OF, Liveness
+from tuner.driver.liveness import Liveness
 from tuner.driver.outcome import Act, Callback, Compute, Decision, Executor, Stop, judge, tell
 from tuner.driver.pruning import stop_reason
 from tuner.driver.racing import Racing, standing
 from tuner.driver.seeding import SeedPolicy, seed_policy
-from tuner.driver.trialrecord import ATTR, TrialRecord
+from tuner.driver.trialrecord import ATTR, DUPLICATE_OF, REASON, TrialRecord
 from tuner.hooks import is_enqueued
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
@@ -188,7 +188,7 @@ class Search:
         small discrete space; after ``_MAX_DUPLICATES`` the space counts as exhausted.
         """
         trial.set_user_attr(DUPLICATE_OF, twin)
-        trial.set_user_attr("reason", f"same config as trial {twin}: not trained again")
+        trial.set_user_attr(REASON, f"same config as trial {twin}: not trained again")
         self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
         if self.liveness is not None:
             self.liveness.release(trial.number)
@@ -318,7 +318,7 @@ class Search:
         del self._active[number]
         self.outcomes.append(outcome)
         for cb in self.callbacks:
-            cb.on_trial_complete(outcome)
+            cb.on_trial_complete(outcome, record)
 
     def _report_values(self, active: _Trial, outcome: TrialOutcome) -> None:
         """Write the trial's values; a diverged trial's end with NaN at its divergence step.

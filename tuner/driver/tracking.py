@@ -31,7 +31,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from tuner.driver import mlflow_runs, mlflow_ui, orphans
 from tuner.driver.mlflow_sender import TELEMETRY_FILE, Sender, Target, first_line
@@ -46,6 +46,9 @@ from tuner.records import (
     TrialOutcome,
     TrialState,
 )
+
+if TYPE_CHECKING:
+    from tuner.driver.trialrecord import TrialRecord
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +270,9 @@ class Tracker:
             points.extend((seed + k, float(v), now, step) for k, v in values.items() if _finite(v))
         self._sender.add(target, points)
 
-    def on_trial_complete(self, outcome: TrialOutcome) -> None:
-        """Queue the trial's summary, tags and end status, then flush."""
+    def on_trial_complete(self, outcome: TrialOutcome, record: TrialRecord | None = None) -> None:
+        """Queue the trial's summary, tags and end status, then flush (all from ``outcome``'s runs;
+        ``record`` is not needed here)."""
         number = outcome.number
         self._sender.queue_target(number)
         positions = self._end_positions(number, outcome)

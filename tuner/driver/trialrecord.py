@@ -35,7 +35,12 @@ from tuner.driver.evidence import Choice, Margin, Verification
 from tuner.errors import ConfigError
 from tuner.records import RunRecord, RunStatus, TrialOutcome, TrialState
 
-ATTR = "tuner.trial"  # the Optuna trial user attr that holds the record
+# Every Optuna trial user attr tuner writes (no other module spells one):
+ATTR = "tuner.trial"  # the record itself (TrialRecord.to_dict())
+REASON = "reason"  # why a trial ended without a record: failed by liveness, or a skipped duplicate
+DRIVER = "tuner.driver"  # the id of the driver that runs it (tuner.driver.liveness)
+RERUN_OF = "rerun_of"  # the number of the interrupted trial it reruns
+DUPLICATE_OF = "duplicate_of"  # the trial whose config it repeated (not trained)
 VERSION = 1
 _LEGACY_KEYS = ("config", "status", "steps_survived", "seeds")
 
@@ -310,7 +315,7 @@ def _legacy(number: int, attrs: Mapping[str, Any]) -> TrialRecord:
         elif state is TrialState.SURVIVED:
             seeds.append(SeedResult(seed, SeedStatus.SURVIVED, survived, survived, phase))
         elif state is TrialState.FAILED:
-            seeds.append(SeedResult(seed, SeedStatus.FAILED, survived, survived, phase, reason=attrs.get("reason")))
+            seeds.append(SeedResult(seed, SeedStatus.FAILED, survived, survived, phase, reason=attrs.get(REASON)))
         else:
             seeds.append(SeedResult(seed, SeedStatus.CANCELLED, survived, survived, phase))
     return TrialRecord(
