@@ -188,9 +188,9 @@ def main() -> None:
 
     print_header(f"pruning: {args.trials} trials x {args.steps} steps x {args.seeds} seeds on the default "
                  f"iterated_mlp space, report every {args.report_every}, {args.repeats} repeat(s)")
-    from tuner.config import prepare_environment
+    from tuner.environ import prepare_process
 
-    prepare_environment()
+    prepare_process()
     from tuner.driver.executor import ClusterConfig, RayExecutor
 
     executor = RayExecutor(ClusterConfig(num_cpus=args.slots))

@@ -124,10 +124,10 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(BENCH), os.environ.get("PYTHONPATH", "")])
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    from tuner.config import prepare_environment
     from tuner.driver.executor import _ensure_token
+    from tuner.environ import prepare_process
 
-    prepare_environment()
+    prepare_process()
     _ensure_token()
     importlib.import_module("ray.tune.search.optuna")  # the libraries are imported before the clock starts
     module = importlib.import_module("ray_tune_baseline")  # this file by name: workers import it by reference

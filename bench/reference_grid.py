@@ -80,9 +80,9 @@ def main() -> None:
     values = grid_values(args.lr_points)
     print_header(f"reference grid: {len(values['learning_rate'])} learning rates x {len(values['max_iter'])} max_iter, "
                  f"{args.steps} steps x {args.seeds} seeds")
-    from tuner.config import prepare_environment
+    from tuner.environ import prepare_process
 
-    prepare_environment()
+    prepare_process()
     from tuner.driver.executor import ClusterConfig, RayExecutor
 
     executor = RayExecutor(ClusterConfig(num_cpus=2))

@@ -75,9 +75,9 @@ def main() -> None:
     if args.smoke:
         args.study_seeds, args.max_trials, args.steps, args.report_every = 1, 2, 20, 10
 
-    from tuner.config import prepare_environment
+    from tuner.environ import prepare_process
 
-    prepare_environment()
+    prepare_process()
     from tuner.driver.executor import ClusterConfig, RayExecutor
 
     executor = RayExecutor(ClusterConfig(num_cpus=2))

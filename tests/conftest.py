@@ -48,9 +48,9 @@ def expected_status(trial: Any) -> str:
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A real local Ray cluster (2 CPUs, 4 logical GPUs), started once per session."""
-    from tuner.config import prepare_environment
+    from tuner.environ import prepare_process
 
-    prepare_environment()
+    prepare_process()
     from tuner.driver import embedded
     from tuner.driver.executor import _ensure_token
 

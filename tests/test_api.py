@@ -24,7 +24,9 @@ from tuner.answer import BestConfig
 from tuner.cli import LAUNCH_FLAGS
 from tuner.config import LaunchConfig
 from tuner.driver.export import best_config, is_success
-from tuner.models import OBJECT_ENV, OBJECT_SPEC_ENV, Knob, load_model, object_spec, runtime_env
+from tuner.environ import OBJECT_MODEL as OBJECT_ENV
+from tuner.environ import OBJECT_SPEC as OBJECT_SPEC_ENV
+from tuner.models import Knob, load_model, object_spec, runtime_env
 from tuner.models.iterated_mlp import IteratedMLP
 
 

@@ -13,6 +13,9 @@ And every bet on another library's internals is in one file, ``tuner/hooks.py``:
 touches a ``_``-prefixed attribute or module of Optuna, optuna-dashboard, MLflow, Ray, Keras or
 TensorFlow, nor writes ``sys.modules`` (:func:`private_uses`).
 
+Every environment variable tuner reads or sets goes through ``tuner/environ.py``: no other module
+touches ``os.environ`` or ``os.getenv`` (:func:`environment_uses`).
+
 ``bench/driver_footprint.py`` checks the same at run time (``tensorflow`` not in the driver's
 ``sys.modules`` after a launch).
 """
@@ -310,3 +313,36 @@ def test_layout_private_uses_flags_each_kind_of_private_use(tmp_path: Path) -> N
         "12: getattr(trial, '_cached_frozen_trial')", "13: tf.Graph._create_op_internal",
         "14: writes sys.modules['keras']", "15: writes sys.modules['keras']", "16: writes sys.modules.pop",
     ]
+
+
+ENVIRON = "tuner.environ"  # the one module that reads or sets environment variables
+ENV_NAMES = {"environ", "getenv", "putenv", "unsetenv", "environb", "getenvb"}
+
+
+def environment_uses(path: Path) -> list[str]:
+    """``line: os.NAME`` for each use of ``os.environ``/``os.getenv``/... in ``path``, and each
+    ``from os import environ`` (any alias)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (isinstance(node, ast.Attribute) and node.attr in ENV_NAMES and isinstance(node.value, ast.Name)
+                and node.value.id == "os"):
+            found.append((node.lineno, f"os.{node.attr}"))
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [(node.lineno, f"from os import {a.name}") for a in node.names if a.name in ENV_NAMES]
+    return [f"{line}: {text}" for line, text in sorted(found)]
+
+
+def test_layout_only_tuner_environ_reads_or_sets_environment_variables() -> None:
+    mods = modules()
+    wrong = {m: uses for m, path in mods.items() if m != ENVIRON and (uses := environment_uses(path))}
+    assert not wrong, ("an environment variable is read or set outside tuner/environ.py (add a function there): "
+                       + "; ".join(f"{m}: {u}" for m, u in wrong.items()))
+    assert environment_uses(mods[ENVIRON]), "the rule finds nothing even in tuner/environ.py: it no longer reads it"
+
+
+def test_layout_environment_uses_flags_each_form(tmp_path: Path) -> None:
+    path = tmp_path / "x.py"
+    path.write_text("import os\nfrom os import environ as e, getenv\nos.environ.get('A')\nos.getenv('B')\n"
+                    "os.environ['C'] = '1'\nos.getpid()\n")
+    assert environment_uses(path) == ["2: from os import environ", "2: from os import getenv", "3: os.environ",
+                                      "4: os.getenv", "5: os.environ"]

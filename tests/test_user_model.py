@@ -12,8 +12,9 @@ import yaml
 
 from tests.cluster import start_cluster
 from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, run_tuner
+from tuner.environ import SHIPPED_FILE as SHIPPED_ENV
 from tuner.errors import ModelError
-from tuner.models import SHIPPED_ENV, load_model, runtime_env
+from tuner.models import load_model, runtime_env
 
 EXAMPLE = ROOT / "examples" / "my_iterated_model.py"
 SPACE = ROOT / "examples" / "my_iterated_model.yaml"

@@ -179,9 +179,10 @@ def launch(model: Any = None, *, config_file: str | Path | None = None, progress
             tracking server, or every trial failed (``NoTrialFinished``); the message is the CLI's line.
         Interrupted: a stop came; the study is kept and the same call continues it.
     """
-    from tuner.config import load_launch, prepare_environment
+    from tuner.config import load_launch
+    from tuner.environ import prepare_process
 
-    prepare_environment()  # before anything imports Ray: token auth on, TF quiet
+    prepare_process()  # before anything imports Ray: token auth on, TF quiet
     with _one_line_errors():
         flags = {**options, "model": _model_spec(model) if model is not None else None}
         config = load_launch(flags, str(config_file) if config_file else None, where="tuner.launch()")
@@ -207,12 +208,13 @@ def load(study: str, storage: str | None = None, tracking_uri: str | None = None
     Raises:
         ConfigError: no such storage or study.
     """
-    from tuner.config import env_tracking_uri, storage_url
+    from tuner import environ
+    from tuner.config import storage_url
 
     with _one_line_errors():
         storage = storage_url(storage)
         _register(storage, tracking_uri)
-        uri: str | None = tracking_uri or env_tracking_uri() or "sqlite:///mlflow.db"
+        uri: str | None = tracking_uri or environ.tracking_uri() or "sqlite:///mlflow.db"
         if uri and uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
             uri = None
         return _result(study, storage, uri)
@@ -237,11 +239,12 @@ def verify(config: Any, *, model: Any = None, progress: bool = True, **options: 
     Raises:
         TunerError: bad input; Interrupted: a stop came (the runs and the embedded cluster are stopped).
     """
-    from tuner.config import VerifyOptions, load_options, prepare_environment
+    from tuner.config import VerifyOptions, load_options
     from tuner.driver.progress import output_console
     from tuner.driver.verify import check_bar, read_config_file, verify_doc
+    from tuner.environ import prepare_process
 
-    prepare_environment()
+    prepare_process()
     with _one_line_errors():
         if isinstance(config, Result):
             if config.answer is None:

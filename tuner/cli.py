@@ -14,12 +14,11 @@ message is capped at :data:`MAX_MESSAGE` characters, its head and tail kept arou
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from tuner import masking
+from tuner import environ, masking
 from tuner.errors import Interrupted, TunerError
 
 LAUNCH_FLAGS = (
@@ -195,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tuner.config import environment_secrets
 
     masking.install()
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "CRITICAL")  # no MLflow log lines: tuner says what failed
+    environ.quiet_mlflow()  # no MLflow log lines: tuner says what failed
     masking.register_secrets(*environment_secrets())  # PGPASSWORD, MLFLOW_TRACKING_PASSWORD, $TUNER_STORAGE's, ...
     args = parser().parse_args(argv)
     masking.register(getattr(args, "storage", None), getattr(args, "tracking_uri", None))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import configparser
 import contextlib
-import os
 import re
 import sys
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from tuner import environ
 from tuner.errors import ConfigError
 from tuner.names import file_safe, study_name_problem
 
@@ -125,10 +125,10 @@ def load_launch(flags: dict[str, Any], config_file: str | None = None, where: st
     if config_file:
         values.update(_read_yaml(config_file))
         where = config_file
-    if "tracking_uri" not in values and env_tracking_uri():
-        values["tracking_uri"] = env_tracking_uri()
-    if "storage" not in values and env_storage():
-        values["storage"] = env_storage()
+    if "tracking_uri" not in values and environ.tracking_uri():
+        values["tracking_uri"] = environ.tracking_uri()
+    if "storage" not in values and environ.storage():
+        values["storage"] = environ.storage()
     values.update({k: v for k, v in flags.items() if v is not None})
     try:
         config = LaunchConfig(**values)
@@ -178,20 +178,6 @@ def _read_yaml(path: str) -> dict[str, Any]:
     return {k.replace("-", "_"): v for k, v in raw.items()}
 
 
-def prepare_environment() -> None:
-    """Environment the libraries read: Ray token auth on; TF's C++ logging quiet.
-
-    An embedded cluster also runs without Ray's usage-stats reporting and metrics collection
-    (set either variable to override): with them off it starts about 1 s sooner on 2 cores and
-    its agents use less CPU beside the trials (bench/overhead.py, BENCHMARKS.md).
-    """
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_enable_metrics_collection", "0")
-
-
 def redact(url: str | None) -> str:
     """A URL with its password (``user:secret@``) replaced, safe to print or write."""
     if url is None:
@@ -202,19 +188,9 @@ def redact(url: str | None) -> str:
 DEFAULT_STORAGE = "sqlite:///tuner.db"
 
 
-def env_storage() -> str | None:
-    """``$TUNER_STORAGE``: the Optuna storage URL, kept out of argv (None if unset or empty)."""
-    return os.environ.get("TUNER_STORAGE") or None
-
-
-def env_tracking_uri() -> str | None:
-    """``$MLFLOW_TRACKING_URI`` (None if unset or empty)."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or None
-
-
 def storage_url(flag: str | None) -> str:
     """The storage of a command without a launch YAML: ``--storage``, else ``$TUNER_STORAGE``, else the default."""
-    return flag or env_storage() or DEFAULT_STORAGE
+    return flag or environ.storage() or DEFAULT_STORAGE
 
 
 def tracking_credentials() -> tuple[str | None, str | None, str | None]:
@@ -231,9 +207,8 @@ def tracking_credentials() -> tuple[str | None, str | None, str | None]:
         if parser.has_section("mlflow"):
             file_user = parser["mlflow"].get("mlflow_tracking_username")
             file_password = parser["mlflow"].get("mlflow_tracking_password")
-    return (os.environ.get("MLFLOW_TRACKING_USERNAME") or file_user,
-            os.environ.get("MLFLOW_TRACKING_PASSWORD") or file_password,
-            os.environ.get("MLFLOW_TRACKING_TOKEN") or None)
+    user, password, token = environ.tracking_credentials()
+    return user or file_user, password or file_password, token
 
 
 def environment_secrets() -> list[str]:
@@ -243,8 +218,8 @@ def environment_secrets() -> list[str]:
     from tuner.masking import password_of
 
     _, password, token = tracking_credentials()
-    found = [os.environ.get("PGPASSWORD"), password, token,
-             password_of(env_storage()), password_of(env_tracking_uri())]
+    found = [environ.pgpassword(), password, token,
+             password_of(environ.storage()), password_of(environ.tracking_uri())]
     return [secret for secret in found if secret]
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tuner import environ
 from tuner.driver import reaper as _reaper_module
 from tuner.hooks import loopback_node
 
@@ -70,7 +71,7 @@ class Embedded:
 
 def start(num_cpus: int | None, num_gpus: int | None, **init: Any) -> Embedded:
     """Start an embedded cluster (``ray.init(address="local", ...)`` with ``init``) as the module says."""
-    import ray  # after tuner.config.prepare_environment (the caller's): Ray reads RAY_AUTH_MODE at import
+    import ray  # after tuner.environ.prepare_process (the caller's): Ray reads RAY_AUTH_MODE at import
 
     folder = private_folder()
     cluster = Embedded(folder, start_reaper(folder))
@@ -86,7 +87,7 @@ def start(num_cpus: int | None, num_gpus: int | None, **init: Any) -> Embedded:
 
 def private_folder() -> Path:
     """A new folder of mode 0700 for Ray's files, with a short path (``/tmp/tuner-ray-XXXXXXXX``)."""
-    base = os.environ.get("RAY_TMPDIR") or tempfile.gettempdir()
+    base = environ.ray_tmpdir() or tempfile.gettempdir()
     if len(base) > MAX_BASE:
         base = "/tmp"
     return Path(tempfile.mkdtemp(prefix="tuner-ray-", dir=base))

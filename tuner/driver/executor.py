@@ -9,7 +9,6 @@ has its run retried on another actor up to ``max_retries`` times, then the run i
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import socket
 import time
@@ -18,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tuner.config import prepare_environment
+from tuner import environ
 
-prepare_environment()  # before Ray is imported: it reads RAY_AUTH_MODE at import
+environ.prepare_process()  # before Ray is imported: it reads RAY_AUTH_MODE at import
 
 import ray  # noqa: E402
 from ray.exceptions import GetTimeoutError, RayActorError, TaskCancelledError, WorkerCrashedError  # noqa: E402
@@ -285,7 +284,7 @@ def _connect(config: ClusterConfig) -> embedded.Embedded | None:
 
 def _ensure_token() -> None:
     """Give a new local cluster a token if none exists: token authentication stays on."""
-    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+    if environ.ray_token_given():
         return
     path = Path.home() / ".ray" / "auth_token"
     if not path.exists():

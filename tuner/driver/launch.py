@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tuner.config import LaunchConfig, prepare_environment, redact
+from tuner import environ
+from tuner.config import LaunchConfig, redact
 from tuner.driver.capacity import Watched
 from tuner.driver.liveness import Liveness, counted
 from tuner.driver.progress import output_console
@@ -42,7 +43,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
     """
     from tuner.driver import signals
 
-    prepare_environment()
+    environ.prepare_process()
     quiet_third_party()
     restore_signals = signals.noted()  # SIGINT, SIGTERM, SIGHUP raise Stopped; a dropped one at the next poll
     try:
@@ -414,12 +415,9 @@ def quiet_third_party() -> None:
     them for a full disk); tuner says in one line what could not be logged
     (tuner.driver.mlflow_sender). MLflow sets its loggers' level from ``MLFLOW_LOGGING_LEVEL`` when
     it is imported. Nor MLflow's "View run ..." lines: a pair for each run that ends over HTTP."""
-    import os
-
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "CRITICAL")
     # MLflow 3.17 writes "View run ... at: URL" / "View experiment at: URL" to stdout itself (not through
-    # a logger) whenever a run over HTTP ends (TrackingServiceClient._log_url); this is its own switch
-    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # a logger) whenever a run over HTTP ends (TrackingServiceClient._log_url); environ sets its own switch
+    environ.quiet_mlflow()
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
 

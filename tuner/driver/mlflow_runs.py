@@ -16,10 +16,11 @@ Who asks: the launch once its search has ended (``Tracker.runs``, for best_confi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from tuner import environ
 
 _PAGE = 1000
 SEARCH_PHASES = (None, "search")  # the phase tag of a trial's own run (None: a run from before phases)
@@ -28,8 +29,7 @@ SEARCH_PHASES = (None, "search")  # the phase tag of a trial's own run (None: a 
 def client(uri: str) -> Any:
     """An MLflow client of ``uri`` that fails at once when the server does not answer (no retries,
     a 10 s timeout: MLflow's defaults retry for minutes)."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    environ.mlflow_fail_fast()
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=uri)

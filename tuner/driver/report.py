@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tuner.config import env_tracking_uri, redact, storage_url
+from tuner import environ
+from tuner.config import redact, storage_url
 from tuner.driver import mlflow_runs, studyrecord, trialrecord
 from tuner.driver.evidence import MARGIN_FACTORS, Margin
 from tuner.driver.plots import write_plots
@@ -82,7 +83,7 @@ def tracking_uri(args: argparse.Namespace) -> str | None:
     if that file exists); None with ``--no-tracking`` or no store to read."""
     if getattr(args, "no_tracking", False):
         return None
-    uri = args.tracking_uri or env_tracking_uri() or DEFAULT_TRACKING
+    uri = args.tracking_uri or environ.tracking_uri() or DEFAULT_TRACKING
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         return None
     return uri

@@ -220,16 +220,16 @@ def verify_doc(options: VerifyOptions, doc: dict[str, Any], console: Any) -> Ver
     """
     from pathlib import Path
 
-    from tuner.config import prepare_environment
     from tuner.driver.eta import Work
     from tuner.driver.evidence import fresh_seeds
     from tuner.driver.executor import ClusterConfig, RayExecutor
     from tuner.driver.progress import ProgressView
+    from tuner.environ import prepare_process
     from tuner.models import load_model, runtime_env
 
     model_name = model_to_verify(options, doc, say=lambda line: console.print(line, markup=False))
     steps = verify_steps(options, doc)
-    prepare_environment()
+    prepare_process()
     config = validated_config(doc, model_name, load_model(model_name).knobs, options.config)
     seeds = fresh_seeds(options.seeds, exclude=_seeds_in(doc), seed=options.seed)
     console.print(f"verifying {options.config} ({model_name}) on {len(seeds)} fresh seeds x {steps} steps")

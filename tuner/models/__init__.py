@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 import sysconfig
 import traceback
@@ -34,16 +33,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner import environ
 from tuner.errors import ModelError
 from tuner.models.base import UPDATES, Dataset, Knob, Loss, Model, ModelGraph, step_seed
 
 __all__ = ["BUILTIN", "UPDATES", "Dataset", "Knob", "Loss", "Model", "ModelGraph", "load_model", "model_file",
            "runtime_env", "step_seed"]
 
-# set on the workers by runtime_env(): the model file (as written in the spec) shipped to them
-SHIPPED_ENV = "TUNER_SHIPPED_MODEL"
-# set on the workers by runtime_env(): an ``object:`` spec and its model, pickled by value, base64
-OBJECT_SPEC_ENV, OBJECT_ENV = "TUNER_OBJECT_SPEC", "TUNER_OBJECT_MODEL"
 OBJECT_PREFIX = "object:"
 MAX_OBJECT_BYTES = 96 * 1024  # base64 characters: one environment string must stay under Linux's 128 KiB
 _OBJECTS: dict[str, Any] = {}  # object: spec -> the model object this process was given
@@ -106,12 +102,12 @@ def runtime_env(spec: str) -> dict[str, Any]:
             :func:`_check_module_name`).
     """
     if spec.startswith(OBJECT_PREFIX):
-        return {"env_vars": {OBJECT_SPEC_ENV: spec, OBJECT_ENV: _pickled(spec)}}
+        return {"env_vars": environ.shipping_object(spec, _pickled(spec))}
     file = model_file(spec)
     if file is None:
         return {}
     _check_module_name(file, spec)
-    return {"py_modules": [str(file)], "env_vars": {SHIPPED_ENV: spec.rpartition(":")[0]}}
+    return {"py_modules": [str(file)], "env_vars": environ.shipping_file(spec.rpartition(":")[0])}
 
 
 def object_spec(model: object) -> str:
@@ -152,7 +148,7 @@ def _pickled(spec: str) -> str:
     import base64
 
     import cloudpickle  # the package (MLflow's dependency), not Ray's copy: importing Ray here would fix its
-    # settings before tuner.config.prepare_environment set them
+    # settings before tuner.environ.prepare_process set them
 
     model = _OBJECTS.get(spec)
     if model is None:
@@ -180,12 +176,12 @@ def _object_model(spec: str) -> Any:
     """The model of an ``object:`` spec: the one this process was given, else (on a worker) the one
     the job's runtime env ships."""
     model = _OBJECTS.get(spec)
-    if model is None and os.environ.get(OBJECT_SPEC_ENV) == spec and os.environ.get(OBJECT_ENV):
+    shipped = environ.shipped_object(spec) if model is None else None
+    if shipped is not None:
         import base64
         import pickle
 
-        model = _user_call(spec, "unpickling the shipped model", pickle.loads,
-                           base64.b64decode(os.environ[OBJECT_ENV]))
+        model = _user_call(spec, "unpickling the shipped model", pickle.loads, base64.b64decode(shipped))
         _OBJECTS[spec] = model
     if model is None:
         raise _no_object(spec)
@@ -246,7 +242,7 @@ def _user_call(spec: str, doing: str, fn: Any, *args: Any) -> Any:
 def _import(where: str, spec: str) -> object:
     if not where.endswith(".py"):
         return _import_module(where, spec)
-    if os.environ.get(SHIPPED_ENV) == where:  # a worker: the file came in Ray's runtime env
+    if environ.shipped_file(where):  # a worker: the file came in Ray's runtime env
         return _import_shipped(Path(where).stem, spec)
     return _import_file(where)
 

@@ -14,12 +14,11 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from tuner import hooks
+from tuner import environ, hooks
 from tuner.records import RunRecord, RunSpec, RunStatus
 
 # what ``import tensorflow`` imports eagerly: Keras 3's optimizers, or Keras 2's with TF_USE_LEGACY_KERAS
 KERAS_EAGER_IMPORTS = ("keras.src.optimizers", "tf_keras.src.optimizers")
-LEGACY_KERAS = "TF_USE_LEGACY_KERAS"  # TensorFlow reads it once, when it is imported
 GRAPHS_KEPT = 4  # model configs whose built graphs a worker keeps (tuner.worker.train.Graphs)
 
 
@@ -31,7 +30,7 @@ def use_legacy_keras() -> None:
     before: every process that builds a model calls it (the workers through
     :func:`import_tensorflow`, and ``check-model``). A value set in the environment is kept.
     """
-    os.environ.setdefault(LEGACY_KERAS, "1")
+    environ.worker_tensorflow()
 
 
 def import_tensorflow() -> None:
@@ -43,7 +42,6 @@ def import_tensorflow() -> None:
     ImportError); Keras still loads as usual when a model touches ``tf.compat.v1.layers`` or
     ``tf.keras``.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     use_legacy_keras()
     # the TensorFlow import, paid once per actor, without Keras' eager imports (tuner.hooks.import_without)
     hooks.import_without("tuner.worker.train", KERAS_EAGER_IMPORTS, unless="tensorflow")
@@ -111,6 +109,6 @@ class TrialWorker:
         return {
             "node_id": context.get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "cuda_visible_devices": environ.cuda_visible_devices(),
             "pid": os.getpid(),
         }

@@ -42,7 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from tuner.config import CheckModelOptions, load_options, prepare_environment
+from tuner.config import CheckModelOptions, load_options
+from tuner.environ import prepare_process
 from tuner.errors import ModelError
 from tuner.knobs import TUNER_KNOBS
 from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code_error
@@ -76,7 +77,7 @@ def run_check(args: argparse.Namespace) -> int:
         0 when every check passed, 2 otherwise.
     """
     options = load_options(CheckModelOptions, vars(args))  # --steps in range, before TensorFlow is imported
-    prepare_environment()
+    prepare_process()
     import_tensorflow()  # with Keras 2 selected, which tf.compat.v1.layers need
     print(f"checking model {options.spec!r} against tuner's model contract (docs/models.md)", flush=True)
     failed = total = warned = 0
