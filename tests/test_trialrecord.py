@@ -3,6 +3,7 @@ divergence that does not depend on which worker ran faster (real training)."""
 
 from __future__ import annotations
 
+import doctest
 import re
 import types
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 from tests.fixtures.nan_sample import first_nan_step
-from tuner.driver import views
+from tuner.driver import trialrecord, views
 from tuner.driver.evidence import Choice, Verification
 from tuner.driver.trialrecord import (
     ATTR,
@@ -296,3 +297,9 @@ def test_counts_have_one_definition_in_the_launch_run_and_every_view(tmp_path: A
                                                   value=r.value, user_attrs={ATTR: r.to_dict()}))
     summary = _study_summary(study)  # the MLflow launch run's metrics
     assert (summary["trials_finished"], summary["diverged_fraction"], summary["trials_stopped"]) == (30, 0.5, 22)
+
+
+def test_trialrecord_docstring_examples_run() -> None:
+    """The record's and the counts' examples run and print what they show."""
+    result = doctest.testmod(trialrecord, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 8 and result.failed == 0

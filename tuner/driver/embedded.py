@@ -1,11 +1,10 @@
 """The embedded Ray cluster: on the loopback only, its files private, its processes ended with the driver.
 
-``ray.init(address="local")`` as Ray 2.60 starts it (measured on a default launch): 12 listening
-TCP sockets, 9 of them on all interfaces (GCS, raylet, object manager, every worker, the dashboard
-agent, and the autoscaler's and dashboard's Prometheus ``/metrics`` on 0.0.0.0) and 2 on the
-machine's external address (the agents); its temporary folder ``/tmp/ray`` and session folders are
-mode 777 without the sticky bit; and after ``kill -9`` of the driver, the dashboard and runtime-env
-agents lived on for about a minute. Started here instead:
+``ray.init(address="local")`` as Ray 2.60 starts it listens on all interfaces (GCS, raylet, object
+manager, every worker, the dashboard agent, and the Prometheus ``/metrics`` endpoints on 0.0.0.0)
+and on the machine's external address; its temporary folder ``/tmp/ray`` and session folders are
+mode 777 without the sticky bit; and after ``kill -9`` of the driver, its agents live on for a
+while (what was measured: docs/operations.md, "Security"; tests/test_ports.py). Started here instead:
 
 - **Loopback.** The node's address is 127.0.0.1 (``tuner.hooks.loopback_node``); on that address
   Ray binds every server to 127.0.0.1 itself, the metrics endpoints included. Ray's public API has
@@ -18,7 +17,7 @@ agents lived on for about a minute. Started here instead:
   pipe that only the driver holds open; when the driver exits, however it exits, the reaper
   SIGKILLs every process holding a file under the private folder and removes the folder.
 
-It costs a Python start (the reaper, standard library only: ~20 ms) beside ``ray.init``.
+It costs one more Python start (the reaper, standard library only) beside ``ray.init``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Optuna intermediate values written in batches: many trials' steps in one storage transaction.
 
-``Trial.report`` is one transaction per value: about 1.9 ms of driver CPU on SQLite on this
-project's machine, and a driver that hears 2000 records/s from 2-seed trials reports 1000 values
-a second (bench/driver_rate.py). Worse, Optuna's storage cache reads every running trial afresh,
-intermediate values included, several times per ``ask`` (TPE's constant liar and search space):
-with 100 trials running, each with a hundred values, an ask took about 0.5 s.
+``Trial.report`` is one storage transaction per value, and Optuna's storage cache reads every
+running trial afresh, intermediate values included, several times per ``ask`` (TPE's constant liar
+and search space): on a large cluster both cost the driver more than it has (what each costs:
+BENCHMARKS.md, "A driver for a large cluster"; bench/driver_rate.py).
 
 So the search keeps the values here. A running trial's latest value is written at once and then
 at most every ``every`` seconds (its progress shows in Optuna's storage); all of its values are
@@ -21,8 +20,8 @@ Optuna's RDB models, 5.x); any other storage, or an Optuna whose internals diffe
 ``Trial.report`` per value. As with ``report``, a step already reported keeps its first value, and
 a trial finished meanwhile (failed as stale by another launch) gets nothing. The values written in
 a batch are also put in the ``Trial``'s own copy of itself, as ``report`` does: ``should_prune``
-reads the trial from there, and without them every pruner saw no step and stopped nothing (the
-case from the batching's start until 2026-12-05: ``--pruner`` did nothing on a SQLite study).
+reads the trial from there, and without them every pruner sees no step and stops nothing
+(tests/test_hooks.py fails when that hook stops working).
 """
 
 from __future__ import annotations

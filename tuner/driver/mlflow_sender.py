@@ -6,15 +6,13 @@ or remote store does not idle a worker. When the tracking server does not answer
 stay queued, a warning is printed once, and the next send retries: nothing is lost. Metrics go in
 ``log_batch`` calls of up to 1000, never one call per metric.
 
-What a large cluster needs (bench/driver_rate.py, BENCHMARKS.md): MLflow's stores cost about
-0.1 ms per metric point (SQLite; 0.2 ms on a server with PostgreSQL) and a few ms per call, and a
-record carries about 32 values, so a driver sending all of them keeps up with about 250 records/s.
-So: a run's points are sent once it has 1000 of them or its oldest is older than an interval that
-grows with the runs logging at once (about 10 calls a second in all, at least 1 s, at most 10 s);
-and when more than 10,000 points wait to be sent (:meth:`Sender.spilling`), the tracker puts a
-progress record's values other than ``loss`` in rows of its run's ``telemetry.json`` (one table
-per seed, named as the seed's metrics are: ``s0``, ``s1``, ...) instead of metric points, until the
-queue is short again.
+For a large cluster, where sending every value of every record as a metric point would outrun
+MLflow's store (what each costs: BENCHMARKS.md, "A driver for a large cluster"): a run's points are
+sent once it has 1000 of them or its oldest is older than an interval that grows with the runs
+logging at once (about 10 calls a second in all, at least 1 s, at most 10 s); and when more than
+10,000 points wait to be sent (:meth:`Sender.spilling`), the tracker puts a progress record's values
+other than ``loss`` in rows of its run's ``telemetry.json`` (one table per seed, named as the seed's
+metrics are: ``s0``, ``s1``, ...) instead of metric points, until the queue is short again.
 
 A run is named by a *target*: a trial number (the trial's own run) or a phase run's name, which
 the tracker resolves to a run id when the operation is sent (the run may be created late).

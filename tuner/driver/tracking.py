@@ -62,8 +62,8 @@ __all__ = ["DIVERGENCE_FILE", "DRIVER_TAG", "TELEMETRY_FILE", "Tracker", "artifa
 def connect(uri: str) -> Any:
     """An MLflow client of ``uri`` whose store answered: the slow part of a launch's tracking.
 
-    Importing MLflow and opening its store (schema checks of a database) take 3-4 s of CPU on
-    this project's machine; ``tuner.driver.launch`` does it while Ray starts.
+    Importing MLflow and opening its store (schema checks of a database) take seconds of CPU, so
+    ``tuner.driver.launch`` calls it while Ray starts.
 
     Raises:
         TrackingError: the store does not answer.

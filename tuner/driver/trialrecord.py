@@ -137,6 +137,22 @@ class TrialRecord:
         chosen: whether it is the incumbent, the trial best_config.yaml exports (joined from the
             study: :func:`incumbent`).
         why: why it is not the incumbent, in one short line (joined: :func:`why_not`; "" for the incumbent).
+
+    The search builds it from the trial's judged outcome; a view reads it back from the study's
+    user attr (:func:`read`), never from the raw attrs:
+
+    >>> from tuner.records import DivergedOn, RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
+    >>> runs = (RunRecord(7, 0, 600, RunStatus.SURVIVED, final=True, steps_survived=600, val_loss=0.05),
+    ...         RunRecord(7, 1, 212, RunStatus.DIVERGED, final=True, steps_survived=211,
+    ...                   diverged_on=DivergedOn.LOSS))
+    >>> outcome = TrialOutcome(7, TrainConfig(learning_rate=0.3), TrialState.DIVERGED, runs)
+    >>> record = TrialRecord.from_outcome(outcome, steps=600)
+    >>> record.state, record.divergence_step, record.diverged_on, record.weakest
+    (<TrialState.DIVERGED: 'diverged'>, 212, 'loss', 211)
+    >>> [s.status.value for s in record.seeds]
+    ['survived', 'diverged']
+    >>> TrialRecord.from_dict(record.to_dict()) == record
+    True
     """
 
     number: int
@@ -401,7 +417,17 @@ class Counts:
 
     @classmethod
     def of(cls, records: Iterable[TrialRecord]) -> Counts:
-        """The counts of ``records``."""
+        """The counts of ``records``.
+
+        >>> from tuner.records import TrialState
+        >>> records = [TrialRecord(n, state, {}, 600, ()) for n, state in enumerate(
+        ...     [TrialState.SURVIVED, TrialState.DIVERGED, TrialState.STOPPED, TrialState.STOPPED])]
+        >>> counts = Counts.of(records)
+        >>> print(counts.text())
+        4 trials finished: 1 survived, 1 diverged, 2 stopped by the pruner, 0 failed
+        >>> print(counts.fraction_text())
+        diverged fraction 50% (1 of the 2 trials that survived or diverged)
+        """
         states = [r.state for r in records]
         return cls(*(states.count(s) for s in (TrialState.SURVIVED, TrialState.DIVERGED, TrialState.STOPPED,
                                                TrialState.FAILED)))
