@@ -274,7 +274,8 @@ def load_study(config: Any) -> Any:
 
 @contextlib.contextmanager
 def slot_clock(slots: int) -> Iterator[dict[str, float]]:
-    """Where a launch's slot time goes: instrumentation of ``RayExecutor`` (its dispatch and poll wrapped).
+    """Where a launch's slot time goes, from the events every ``RayExecutor`` tells while in the block
+    (``tuner.driver.executor.listening``).
 
     Fills the yielded dict on exit, in seconds from the executor's creation: ``ready`` (the last
     worker has imported TensorFlow), ``end`` (the last run's final record), and in slot seconds
@@ -285,37 +286,21 @@ def slot_clock(slots: int) -> Iterator[dict[str, float]]:
     from tuner.driver import executor as ex
 
     marks: dict[str, Any] = {"start": None, "ready": [], "dispatched": {}, "ended": []}
-    original = (ex.RayExecutor.__init__, ex.RayExecutor._dispatch, ex.RayExecutor.poll, ex.RayExecutor._actor_started)
 
-    def init(self: Any, *a: Any, **k: Any) -> None:
-        marks["start"] = time.perf_counter()
-        original[0](self, *a, **k)
+    def listen(event: str, item: Any) -> None:
+        now = time.perf_counter()
+        if event == "created":
+            marks["start"] = now
+        elif event == "worker_ready":
+            marks["ready"].append(now)
+        elif event == "dispatched":
+            marks["dispatched"][(item.trial, item.seed)] = now  # a retry's dispatch replaces
+        elif event == "record" and item.final:
+            marks["ended"].append((item.trial, item.seed, item.step, item.status.value, now))
 
-    def dispatch(self: Any) -> None:
-        before = set(self._running)
-        original[1](self)
-        for gen in set(self._running) - before:
-            spec = self._running[gen][0]
-            marks["dispatched"][(spec.trial, spec.seed)] = time.perf_counter()  # a retry's dispatch replaces
-
-    def poll(self: Any, timeout: float) -> list[Any]:
-        records = original[2](self, timeout)
-        for r in records:
-            if r.final:
-                marks["ended"].append((r.trial, r.seed, r.step, r.status.value, time.perf_counter()))
-        return records
-
-    def started(self: Any, ref: Any) -> None:
-        original[3](self, ref)
-        marks["ready"].append(time.perf_counter())
-
-    ex.RayExecutor.__init__, ex.RayExecutor._dispatch, ex.RayExecutor.poll, ex.RayExecutor._actor_started = (
-        init, dispatch, poll, started)
     figures: dict[str, float] = {}
-    try:
+    with ex.listening(listen):
         yield figures
-    finally:
-        ex.RayExecutor.__init__, ex.RayExecutor._dispatch, ex.RayExecutor.poll, ex.RayExecutor._actor_started = original
     start, ready = marks["start"], max(marks["ready"], default=float("nan"))
     end = max((e[-1] for e in marks["ended"]), default=float("nan"))
     busy = wasted = 0.0

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import PLANTED, wait_for_workers
-from tuner.driver.executor import ClusterConfig, RayExecutor
+from tuner.driver.executor import ClusterConfig, RayExecutor, listening
 from tuner.records import RunRecord, RunSpec, RunStatus, TrainConfig
 
 pytestmark = [pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]
@@ -36,8 +36,13 @@ def spec(trial: int, seed: int = 0, steps: int = 100, **knobs: object) -> RunSpe
 
 
 def test_executor_streams_progress_then_final_from_a_worker(executor: RayExecutor) -> None:
-    executor.submit(spec(0))
-    records = collect(executor, 1)
+    events: list[tuple[str, object]] = []
+    with listening(lambda event, item: events.append((event, item))):
+        executor.submit(spec(0))
+        records = collect(executor, 1)
+    runs = [e for e in events if e[0] != "worker_ready"]  # what benchmarks time (bench/benchlib.py)
+    assert runs == [("dispatched", spec(0))] + [("record", r) for r in records]
+    assert events.index(("worker_ready", None)) < events.index(("dispatched", spec(0)))  # a worker came up first
     assert [r.step for r in records if not r.final] == list(range(10, 101, 10))
     final = records[-1]
     assert final.final and final.status is RunStatus.SURVIVED

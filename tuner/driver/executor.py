@@ -4,15 +4,20 @@ The driver calls :meth:`RayExecutor.submit` with a :class:`RunSpec`, :meth:`poll
 streamed so far and :meth:`cancel` for a trial's remaining runs. Each run is one call of the
 actor's streaming generator (``TrialWorker.run``). A worker that dies (killed process, lost node)
 has its run retried on another actor up to ``max_retries`` times, then the run is FAILED.
+
+:func:`listening` lets a benchmark follow every executor's events (created, a worker ready, a run
+dispatched, each record returned) without reaching into the class.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import socket
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,28 @@ from tuner.worker.actor import GRAPHS_KEPT, TrialWorker  # noqa: E402
 
 log = logging.getLogger(__name__)
 _DEATH = (RayActorError, WorkerCrashedError)
+
+Listener = Callable[[str, "RunSpec | RunRecord | None"], None]
+_listeners: list[Listener] = []
+
+
+@contextlib.contextmanager
+def listening(listener: Listener) -> Iterator[None]:
+    """While in the block, every :class:`RayExecutor` calls ``listener(event, item)``: ``"created"``
+    (None; as its ``__init__`` starts), ``"worker_ready"`` (None; a worker has imported TensorFlow),
+    ``"dispatched"`` (the run's :class:`RunSpec`, as it starts on a worker) and ``"record"`` (each
+    :class:`RunRecord` that :meth:`RayExecutor.poll` returns). For benchmarks (bench/benchlib.py's
+    ``slot_clock``); the search never listens."""
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
+
+
+def _tell(event: str, item: RunSpec | RunRecord | None = None) -> None:
+    for listener in _listeners:
+        listener(event, item)
 
 
 @dataclass(frozen=True)
@@ -72,6 +99,7 @@ class RayExecutor:
     """Seed runs on a pool of :class:`TrialWorker` actors (see module docs)."""
 
     def __init__(self, config: ClusterConfig) -> None:
+        _tell("created")
         self.config = config
         self._embedded = _connect(config)  # None: joined a cluster that someone else owns
         self.slots = _slots(config)
@@ -129,6 +157,9 @@ class RayExecutor:
             self._time_out(gen, reason)
         self._dispatch()
         out, self._out = self._out, []
+        if _listeners:
+            for record in out:
+                _tell("record", record)
         return out
 
     def close(self) -> None:
@@ -159,6 +190,7 @@ class RayExecutor:
             gen = actor.run.options(num_returns="streaming").remote(spec)
             self._running[gen] = (spec, actor)
             self._watchdog.started(gen)
+            _tell("dispatched", spec)
 
     def _match(self) -> tuple[Any, RunSpec]:
         """An idle worker and a queued run whose graph it keeps; else the last idle one and the oldest run."""
@@ -185,6 +217,7 @@ class RayExecutor:
             return
         self.workers[where["pid"]] = where
         self._idle.append(actor)
+        _tell("worker_ready")
 
     def _next_record(self, gen: Any) -> None:
         spec = self._running[gen][0]
