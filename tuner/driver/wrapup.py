@@ -33,24 +33,19 @@ def print_summary(console: Console, study: Any, numbers: set[int], keys: list[st
     console.print(whole + Counts.of(records).line(), highlight=False, markup=False, soft_wrap=True)
 
 
-def evidence_text(doc: dict[str, Any]) -> str:
-    """What best_config.yaml's ``stability`` says of the exported trial, in one short phrase."""
-    from tuner.answer import BestConfig
-
-    return BestConfig.of(doc).reason
-
-
 def print_best(console: Console, doc: dict[str, Any], out: str) -> None:
     """The exported trial, its evidence, and where best_config.yaml was written, with its config."""
+    from tuner.answer import BestConfig
     from tuner.driver.views import best_yaml
 
-    lines = [f"best config: trial {doc['study']['trial']}, {evidence_text(doc)}"]
-    margin = doc["stability"].get("margin")
+    answer = BestConfig.of(doc)
+    lines = [f"best config: trial {answer.study.trial}, {answer.reason}"]
+    margin = answer.stability.margin
     if margin:
-        lines.append(f"  survives {margin['lr_factor']:g}x its learning rate")
+        lines.append(f"  survives {margin.lr_factor:g}x its learning rate")
     for line in (*lines, f"written to {Path(out).resolve()}:"):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(best_yaml({"config": doc["config"]}), highlight=False, markup=False)
+    console.print(best_yaml({"config": answer.config}), highlight=False, markup=False)
 
 
 MLFLOW_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves by default
@@ -61,7 +56,10 @@ def where_to_look(doc: dict[str, Any], storage: str, tracking_uri: str | None, e
                   study_id: int | None) -> list[str]:
     """The commands (and URLs) that open the exported trial in the MLflow UI (when the launch tracked)
     and in optuna-dashboard; passwords masked (tuner.config.redact)."""
-    trial, run = doc["study"]["trial"], doc["study"].get("mlflow_run_id")
+    from tuner.answer import BestConfig
+
+    study = BestConfig.of(doc).study
+    trial, run = study.trial, study.mlflow_run_id
     lines = []
     if tracking_uri:
         served = tracking_uri.startswith(("http://", "https://"))  # an mlflow server: its own UI
