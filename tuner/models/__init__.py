@@ -29,9 +29,9 @@ import importlib.util
 import sys
 import sysconfig
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tuner import environ
 from tuner.errors import ModelError
@@ -42,7 +42,8 @@ __all__ = ["BUILTIN", "UPDATES", "Dataset", "Knob", "Loss", "Model", "ModelGraph
 
 OBJECT_PREFIX = "object:"
 MAX_OBJECT_BYTES = 96 * 1024  # base64 characters: one environment string must stay under Linux's 128 KiB
-_OBJECTS: dict[str, Any] = {}  # object: spec -> the model object this process was given
+_OBJECTS: dict[str, object] = {}  # object: spec -> the model object this process was given
+_T = TypeVar("_T")
 
 # contract member -> what to add when it is missing
 CONTRACT: dict[str, str] = {
@@ -94,7 +95,7 @@ def model_file(spec: str) -> Path | None:
     return Path(where).resolve() if spec not in BUILTIN and where.endswith(".py") else None
 
 
-def runtime_env(spec: str) -> dict[str, Any]:
+def runtime_env(spec: str) -> dict[str, object]:
     """The Ray runtime env that ships a ``path/to/file.py:Name`` model to every worker ({} for others).
 
     Raises:
@@ -229,7 +230,7 @@ def _is_model_code(filename: str) -> bool:
     return path.parent == _MODELS_DIR and path.name not in ("base.py", "__init__.py")  # a built-in model
 
 
-def _user_call(spec: str, doing: str, fn: Any, *args: Any) -> Any:
+def _user_call(spec: str, doing: str, fn: Callable[..., _T], *args: object) -> _T:
     """Call the model's code; its exceptions become a ModelError that points at its line."""
     try:
         return fn(*args)

@@ -50,11 +50,19 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import numpy as np
 
 KnobKind = Literal["float", "int", "categorical", "bool"]
+
+# TensorFlow's types as tuner's annotations name them. A model's module and the worker modules that import
+# TensorFlow inside their functions cannot import it for annotations either (tests/test_layout.py), and mypy reads
+# the package as untyped: so each name is Any to the type checker, and says which TensorFlow type is meant.
+Tensor: TypeAlias = Any  # a tf.Tensor
+Variable: TypeAlias = Any  # a tf.Variable (ops read it as a tensor)
+Operation: TypeAlias = Any  # a tf.Operation
+Graph: TypeAlias = Any  # a tf.Graph
 
 
 @dataclass(frozen=True)
@@ -72,10 +80,10 @@ class Knob:
     """
 
     kind: KnobKind
-    default: Any
+    default: object
     low: float | None = None
     high: float | None = None
-    choices: tuple[Any, ...] = ()
+    choices: tuple[object, ...] = ()
     nullable: bool = False
     help: str = ""
 
@@ -90,7 +98,7 @@ class Knob:
         if problem:
             raise ValueError(f"knob default {self.default!r}: {problem}")
 
-    def problem(self, value: Any) -> str | None:
+    def problem(self, value: object) -> str | None:
         """Say what is wrong with ``value`` for this knob, or return None if it is valid."""
         if value is None:
             return None if self.nullable else "null is not allowed"
@@ -147,8 +155,8 @@ class Loss:
         lr_factor: its learning rate is the trial's ``learning_rate`` times this factor.
     """
 
-    tensor: Any
-    trains: str | Callable[[Any], bool] | Sequence[Any] | None = None
+    tensor: Tensor
+    trains: str | Callable[[Variable], bool] | Sequence[Variable] | None = None
     optimizer: str | None = None
     lr_factor: float = 1.0
 
@@ -156,7 +164,7 @@ class Loss:
         if not (isinstance(self.lr_factor, (int, float)) and math.isfinite(self.lr_factor) and self.lr_factor > 0):
             raise ValueError(f"Loss lr_factor {self.lr_factor!r}: expected a finite number above 0")
 
-    def variables(self, trainable: Sequence[Any]) -> list[Any]:
+    def variables(self, trainable: Sequence[Variable]) -> list[Variable]:
         """The variables of ``trainable`` this loss trains, in their order."""
         if self.trains is None:
             return list(trainable)
@@ -199,10 +207,10 @@ class ModelGraph:
             ``sess.run(g_train)``).
     """
 
-    inputs: Sequence[Any]
-    loss: Any = None
-    val_loss: Any | None = None
-    watch: Mapping[str, Any] = field(default_factory=dict)
+    inputs: Sequence[Tensor]
+    loss: Tensor | None = None
+    val_loss: Tensor | None = None
+    watch: Mapping[str, Tensor] = field(default_factory=dict)
     losses: Mapping[str, Loss] = field(default_factory=dict)
     update: str = "simultaneous"
 
@@ -269,7 +277,7 @@ class Dataset:
 STEP_SEED = "tuner_step_seed"  # the placeholder step_seed() makes; tuner.worker.train feeds it when it exists
 
 
-def step_seed() -> Any:
+def step_seed() -> Tensor:
     """A seed for ``tf.random.stateless_*`` ops inside ``build``: ``[run seed, step]``, fed by tuner.
 
     Noise drawn with it (dropout masks, injected noise, a GAN's latent vector) is a function of the

@@ -25,12 +25,15 @@ the graph), so the data preflight flags unscaled 16-bit images, not raw pixels.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tuner.models.base import Dataset, Knob, ModelGraph
 from tuner.models.data import Faults, block_images
+
+if TYPE_CHECKING:
+    from tuner.models.base import Tensor
 
 DATA_SEED = 4321
 BN_EPSILON = 1e-3
@@ -142,7 +145,7 @@ class CountingCNN:
         return self._arrays
 
 
-def _initializer(name: str) -> Any:
+def _initializer(name: str) -> object:
     """Glorot uniform, or He (variance scaling 2.0, fan-in) as the seed's answer suggests."""
     import tensorflow as tf
 
@@ -152,7 +155,7 @@ def _initializer(name: str) -> Any:
     return tf1.variance_scaling_initializer(scale=2.0)
 
 
-def _conv_block(x: Any, channels: int, init: Any) -> Any:
+def _conv_block(x: Tensor, channels: int, init: object) -> Tensor:
     """conv 3x3 stride 2 -> BatchNorm on batch statistics -> ReLU."""
     import tensorflow as tf
 
@@ -166,7 +169,7 @@ def _conv_block(x: Any, channels: int, init: Any) -> Any:
     return tf.nn.relu(h)
 
 
-def _dense(x: Any, units: int, init: Any) -> Any:
+def _dense(x: Tensor, units: int, init: object) -> Tensor:
     """A linear layer."""
     import tensorflow as tf
 
@@ -176,7 +179,7 @@ def _dense(x: Any, units: int, init: Any) -> Any:
     return tf.matmul(x, kernel) + bias
 
 
-def _regression_loss(pred: Any, counts: Any, kind: str) -> Any:
+def _regression_loss(pred: Tensor, counts: Tensor, kind: str) -> Tensor:
     """Mean squared error, or Huber (delta 1) on the count."""
     import tensorflow as tf
 
@@ -187,7 +190,7 @@ def _regression_loss(pred: Any, counts: Any, kind: str) -> Any:
     return tf.reduce_mean(0.5 * tf.square(quad) + (err - quad), name="huber")
 
 
-def _cross_entropy(logits: Any, counts: Any, classes: int, smoothing: float) -> Any:
+def _cross_entropy(logits: Tensor, counts: Tensor, classes: int, smoothing: float) -> Tensor:
     """Softmax cross-entropy over the possible counts, label-smoothed, as the naive port has it."""
     import tensorflow as tf
 

@@ -18,10 +18,15 @@ every few iterations).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.models.base import Dataset, Knob, ModelGraph
 from tuner.models.data import lotka_volterra
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from tuner.models.base import Tensor
 
 HORIZON = 4.5
 DATA_SEED = 1234
@@ -84,7 +89,7 @@ class IteratedMLP:
         return ModelGraph(inputs=(x_in, target), loss=loss, watch=watch)
 
 
-def _mlp(x: Any, hidden: int, bn_order: str) -> Any:
+def _mlp(x: Tensor, hidden: int, bn_order: str) -> Tensor:
     """3 hidden layers and a linear output; every iteration shares the same weights."""
     import tensorflow as tf
 
@@ -102,7 +107,7 @@ def _mlp(x: Any, hidden: int, bn_order: str) -> Any:
         return _dense(h, 4, "out", scale=0.1)
 
 
-def _shared(name: str) -> Any:
+def _shared(name: str) -> AbstractContextManager[object]:
     """A variable scope outside the iteration's scope, so every iteration reuses its variables."""
     import tensorflow as tf
 
@@ -110,7 +115,7 @@ def _shared(name: str) -> Any:
     return tf1.variable_scope(tf1.VariableScope(tf1.AUTO_REUSE, name=name), auxiliary_name_scope=False)
 
 
-def _dense(x: Any, units: int, name: str, scale: float = 1.0) -> Any:
+def _dense(x: Tensor, units: int, name: str, scale: float = 1.0) -> Tensor:
     """A dense layer (Glorot init, or a small normal init for the output layer)."""
     import tensorflow as tf
 
@@ -125,7 +130,7 @@ def _dense(x: Any, units: int, name: str, scale: float = 1.0) -> Any:
     return tf.matmul(x, kernel) + bias
 
 
-def _batch_norm(h: Any, name: str) -> Any:
+def _batch_norm(h: Tensor, name: str) -> Tensor:
     """BatchNorm on batch statistics, as the seed's Keras layer does in training."""
     import tensorflow as tf
 
@@ -138,7 +143,7 @@ def _batch_norm(h: Any, name: str) -> Any:
     return tf.nn.batch_normalization(h, mean, var, beta, gamma, variance_epsilon=1e-3)
 
 
-def _standardise(x: Any) -> Any:
+def _standardise(x: Tensor) -> Tensor:
     """Re-normalise the MLP's input with the batch's statistics (held constant for gradients)."""
     import tensorflow as tf
 
@@ -146,7 +151,7 @@ def _standardise(x: Any) -> Any:
     return (x - mean) / tf.sqrt(var + 1e-6)
 
 
-def _recompute_input(rates: Any, x: Any, dt: float, knobs: Mapping[str, Any]) -> Any:
+def _recompute_input(rates: Tensor, x: Tensor, dt: float, knobs: Mapping[str, Any]) -> Tensor:
     """Next input from the rates: Euler step on n = exp(x), then log, with the knob guards."""
     import tensorflow as tf
 

@@ -12,10 +12,16 @@ import time
 import traceback
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuner import environ, hooks
 from tuner.records import RunRecord, RunSpec, RunStatus
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from tuner.models.base import Dataset, Model
+    from tuner.records import Skip
 
 # what ``import tensorflow`` imports eagerly: Keras 3's optimizers, or Keras 2's with TF_USE_LEGACY_KERAS
 KERAS_EAGER_IMPORTS = ("keras.src.optimizers", "tf_keras.src.optimizers")
@@ -55,11 +61,12 @@ class TrialWorker:
         import_tensorflow()
         from tuner.worker.train import Graphs
 
-        self._models: dict[str, Any] = {}
+        self._models: dict[str, Model] = {}
         self._graphs = Graphs(GRAPHS_KEPT if graph_reuse else 0)  # recent model configs' graphs, reseeded per run
-        self._data: dict[tuple[Any, ...], tuple[Any, Any]] = {}  # (model, knobs, skip) -> (data, ids)
+        # (model, knobs, skip) -> (data, ids)
+        self._data: dict[tuple[str, str, Skip], tuple[Dataset, np.ndarray | None]] = {}
 
-    def ready(self) -> dict[str, Any]:
+    def ready(self) -> dict[str, object]:
         """Where this worker runs: node id, GPU ids and pid (answers once TF is imported)."""
         return self._where()
 
@@ -85,14 +92,14 @@ class TrialWorker:
                 info={**self._where(), "traceback": traceback.format_exc(limit=8)},
             )
 
-    def _model(self, spec: str) -> Any:
+    def _model(self, spec: str) -> Model:
         from tuner.models import load_model
 
         if spec not in self._models:
             self._models[spec] = load_model(spec)
         return self._models[spec]
 
-    def _dataset(self, spec: RunSpec, model: Any) -> tuple[Any, Any]:
+    def _dataset(self, spec: RunSpec, model: Model) -> tuple[Dataset, np.ndarray | None]:
         """The run's data less the samples the preflight flagged, and the kept samples' indices."""
         from tuner.preflight import without
 
@@ -102,7 +109,7 @@ class TrialWorker:
         return self._data[key]
 
     @staticmethod
-    def _where() -> dict[str, Any]:
+    def _where() -> dict[str, object]:
         import ray
 
         context = ray.get_runtime_context()

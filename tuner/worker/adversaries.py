@@ -11,14 +11,18 @@ Only workers import this module (it runs TensorFlow sessions).
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tuner.models.base import Graph, Tensor, Variable
 
 OPPOSED = -0.9  # two terms of one summed loss whose gradients' cosine is below this are adversaries
 
 
-def summed_terms(loss: Any) -> list[Any]:
+def summed_terms(loss: Tensor) -> list[Tensor]:
     """The scalar terms of ``loss`` when it is a sum (``a + b``, ``tf.add_n``), else ``[loss]``."""
     if loss.op.type not in ("Add", "AddV2", "AddN"):
         return [loss]
@@ -26,10 +30,10 @@ def summed_terms(loss: Any) -> list[Any]:
     return terms if all(t.shape.rank == 0 for t in terms) else [loss]
 
 
-def _shared_activations(a: Any, b: Any) -> list[Any]:
+def _shared_activations(a: Tensor, b: Tensor) -> list[Tensor]:
     """The floating tensors of a batch (first dimension unknown) that both ``a`` and ``b`` are computed from."""
-    def ancestors(tensor: Any) -> dict[str, Any]:
-        seen: dict[str, Any] = {}
+    def ancestors(tensor: Tensor) -> dict[str, Tensor]:
+        seen: dict[str, Tensor] = {}
         todo = [tensor]
         while todo:
             t = todo.pop()
@@ -43,22 +47,22 @@ def _shared_activations(a: Any, b: Any) -> list[Any]:
             and t.shape.rank is not None and t.shape.rank >= 1 and t.shape[0] is None]
 
 
-def _present(grads: list[Any]) -> list[Any]:
+def _present(grads: list[Tensor | None]) -> list[Tensor]:
     return [g for g in grads if g is not None]
 
 
-def _reached(grads: list[Any]) -> list[bool]:
+def _reached(grads: list[Tensor | None]) -> list[bool]:
     return [g is not None for g in grads]
 
 
-def _one(values: list[Any], reached: list[bool], k: int) -> tuple[list[Any], list[bool]]:
+def _one(values: list[np.ndarray], reached: list[bool], k: int) -> tuple[list[np.ndarray], list[bool]]:
     """The fetched gradient of entry ``k`` alone, in :func:`_cosine`'s form."""
     if not reached[k]:
         return [], [False]
     return [values[sum(reached[:k])]], [True]
 
 
-def _cosine(a: list[Any], a_reached: list[bool], b: list[Any], b_reached: list[bool]) -> float | None:
+def _cosine(a: list[np.ndarray], a_reached: list[bool], b: list[np.ndarray], b_reached: list[bool]) -> float | None:
     """Cosine of two gradients (fetched values of the reached weights) over the weights both reach."""
     ia, ib = iter(a), iter(b)
     pairs = [(next(ia) if ra else None, next(ib) if rb else None) for ra, rb in zip(a_reached, b_reached, strict=True)]
@@ -70,8 +74,8 @@ def _cosine(a: list[Any], a_reached: list[bool], b: list[Any], b_reached: list[b
     return float(x @ y) / norm if norm > 0 and math.isfinite(norm) else None
 
 
-def opposed_terms(graph: Any, terms: list[Any], variables: list[Any], feed: dict[Any, Any],
-                  config: Any) -> tuple[str, str, float] | None:
+def opposed_terms(graph: Graph, terms: list[Tensor], variables: list[Variable], feed: Mapping[Tensor, np.ndarray],
+                  config: object) -> tuple[str, str, float] | None:
     """Two terms that are adversaries at init on the first batch, or None: their gradients point in
     opposite directions (cosine below ``OPPOSED``) over the weights both reach and over an
     activation of the batch both are computed from (a GAN's ``D(G(z))``). Terms that only share

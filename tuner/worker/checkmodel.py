@@ -36,9 +36,9 @@ import contextlib
 import hashlib
 import math
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -51,6 +51,11 @@ from tuner.preflight import check_data
 from tuner.records import RunSpec, RunStatus, TrainConfig
 from tuner.worker.actor import import_tensorflow
 from tuner.worker.adversaries import opposed_terms, summed_terms
+
+if TYPE_CHECKING:
+    from tuner.models.base import Graph, Tensor, Variable
+
+_T = TypeVar("_T")
 
 SEED = 0  # graph seed of every build: the same graph gives the same loss at init
 SMOKE = TrainConfig(1e-3, clip_norm=1.0, l2_weight=1e-4)  # the training check's tuner knobs
@@ -133,7 +138,7 @@ def _knob_names(model: Model, spec: str) -> Check:
 class _Built:
     """One build of the model alone (no optimizer) in its own graph, with its op count."""
 
-    graph: Any
+    graph: Graph
     model: ModelGraph
     ops: int
 
@@ -143,7 +148,7 @@ class Probe:
 
     def __init__(self, model: Model, spec: str) -> None:
         self.model, self.spec = model, spec
-        self.defaults: dict[str, Any] = {name: knob.default for name, knob in model.knobs.items()}
+        self.defaults: dict[str, object] = {name: knob.default for name, knob in model.knobs.items()}
         self._builds: dict[str, _Built] = {}
         self._datasets: dict[str, Dataset] = {}
         self._losses: dict[str, dict[str, float]] = {}
@@ -260,7 +265,7 @@ class Probe:
         each = ", ".join(f"{name} {len(own)}" for name, own in trained.items())
         return Check("gradients", True, f"each loss trains its weights ({each}), a gradient reaches each of them")
 
-    def adversaries_check(self, built: _Built, variables: list[Any], grads: list[Any]) -> Check:
+    def adversaries_check(self, built: _Built, variables: list[Variable], grads: list[Tensor | None]) -> Check:
         """A single loss that is a sum of terms pulling its weights in opposite directions (the naive
         port of a GAN: ``d_loss + g_loss`` under one optimizer) fails; otherwise gradients pass."""
         terms = summed_terms(built.model.loss)
@@ -320,14 +325,14 @@ class Probe:
 
     # -- cached pieces ---------------------------------------------------------------------
 
-    def build(self, knobs: Mapping[str, Any]) -> _Built:
+    def build(self, knobs: Mapping[str, object]) -> _Built:
         """The model alone (no optimizer), built with ``knobs`` in a fresh graph."""
         key = _key(knobs)
         if key not in self._builds:
             self._builds[key] = self._build(knobs)
         return self._builds[key]
 
-    def data(self, knobs: Mapping[str, Any]) -> Dataset:
+    def data(self, knobs: Mapping[str, object]) -> Dataset:
         """The model's dataset for ``knobs``."""
         key = _key(knobs)
         if key not in self._datasets:
@@ -338,18 +343,18 @@ class Probe:
             self._datasets[key] = data
         return self._datasets[key]
 
-    def loss(self, knobs: Mapping[str, Any]) -> float:
+    def loss(self, knobs: Mapping[str, object]) -> float:
         """The loss at init on the first batch (seed 0) for ``knobs`` (the sum of several losses)."""
         return sum(self.losses(knobs).values())
 
-    def losses(self, knobs: Mapping[str, Any]) -> dict[str, float]:
+    def losses(self, knobs: Mapping[str, object]) -> dict[str, float]:
         """Each loss at init on the first batch (seed 0) for ``knobs`` (``{"loss": ...}`` for one)."""
         key = _key(knobs)
         if key not in self._losses:
             self._losses[key] = self._loss(knobs)
         return self._losses[key]
 
-    def difference(self, a: Mapping[str, Any], b: Mapping[str, Any]) -> str | None:
+    def difference(self, a: Mapping[str, object], b: Mapping[str, object]) -> str | None:
         """What differs between the knob values ``a`` and ``b`` (None: nothing seen)."""
         ops_a, ops_b = self.build(a).ops, self.build(b).ops
         if ops_a != ops_b:
@@ -366,7 +371,7 @@ class Probe:
             return f"changes the loss at init ({loss_a:.4g} -> {loss_b:.4g})"
         return None
 
-    def _contexts(self, name: str) -> Iterator[tuple[dict[str, Any], str]]:
+    def _contexts(self, name: str) -> Iterator[tuple[dict[str, object], str]]:
         """The defaults, then the defaults with one other knob changed (for conditional knobs)."""
         yield dict(self.defaults), ""
         for other, knob in self.model.knobs.items():
@@ -374,7 +379,7 @@ class Probe:
                 for value in alternatives(knob):
                     yield {**self.defaults, other: value}, f" (when {other}={value!r})"
 
-    def _build(self, knobs: Mapping[str, Any]) -> _Built:
+    def _build(self, knobs: Mapping[str, object]) -> _Built:
         import tensorflow as tf
 
         graph = tf.Graph()
@@ -391,7 +396,7 @@ class Probe:
                              f"got {type(mg).__name__}")
         return _Built(graph, mg, len(graph.get_operations()))
 
-    def _loss(self, knobs: Mapping[str, Any]) -> dict[str, float]:
+    def _loss(self, knobs: Mapping[str, object]) -> dict[str, float]:
         import tensorflow as tf
 
         built = self.build(knobs)
@@ -403,16 +408,16 @@ class Probe:
             values = self._call("running the loss on the first batch", sess.run, losses, self._feed(built, knobs))
         return {name: float(value) for name, value in values.items()}
 
-    def _feed(self, built: _Built, knobs: Mapping[str, Any]) -> dict[Any, Any]:
+    def _feed(self, built: _Built, knobs: Mapping[str, object]) -> dict[Tensor, np.ndarray]:
         """The first batch (seed 0) for the model's placeholders, and its step seed if it made one."""
         from tuner.models.base import STEP_SEED
 
-        feed: dict[Any, Any] = dict(zip(built.model.inputs, self.data(knobs).batch(1, SEED), strict=False))
+        feed: dict[Tensor, np.ndarray] = dict(zip(built.model.inputs, self.data(knobs).batch(1, SEED), strict=False))
         with contextlib.suppress(KeyError):  # no step_seed() in the graph
             feed[built.graph.get_tensor_by_name(STEP_SEED + ":0")] = np.array([SEED, 1], np.int32)
         return feed
 
-    def _call(self, doing: str, fn: Any, *args: Any) -> Any:
+    def _call(self, doing: str, fn: Callable[..., _T], *args: object) -> _T:
         """Call the model's code; any exception becomes a one-line ModelError at its line."""
         try:
             return fn(*args)
@@ -420,10 +425,10 @@ class Probe:
             raise user_code_error(self.spec, doing, exc) from None
 
 
-def alternatives(knob: Knob) -> list[Any]:
+def alternatives(knob: Knob) -> list[object]:
     """Valid values of ``knob`` other than its default, to see whether it changes anything."""
     if knob.kind == "bool":
-        values: list[Any] = [not knob.default]
+        values: list[object] = [not knob.default]
     elif knob.kind == "categorical":
         values = list(knob.choices)
     else:
@@ -431,7 +436,7 @@ def alternatives(knob: Knob) -> list[Any]:
         values = [int(b) if knob.kind == "int" else float(b) for b in bounds]
     if knob.nullable:
         values.append(None)
-    unique: list[Any] = []
+    unique: list[object] = []
     for value in values:
         if value != knob.default and value not in unique and knob.problem(value) is None:
             unique.append(value)
@@ -452,7 +457,7 @@ def _graph_problem(built: _Built, arrays: int) -> str | None:
     return None
 
 
-def _training(model: Model, spec: str, steps: int, knobs: Mapping[str, Any]) -> Check:
+def _training(model: Model, spec: str, steps: int, knobs: Mapping[str, object]) -> Check:
     """A few steps of tuner's own trainer (Adam, L2, clipping, the NaN checks) stay finite."""
     from tuner.worker.train import train_run
 
@@ -481,13 +486,13 @@ def _training_setup(built: _Built) -> dict[str, str]:
     return setup
 
 
-def _session() -> Any:
+def _session() -> object:
     from tuner.worker.train import session_config
 
     return session_config(1, gpu=False)
 
 
-def _key(knobs: Mapping[str, Any]) -> str:
+def _key(knobs: Mapping[str, object]) -> str:
     return repr(sorted(knobs.items()))
 
 

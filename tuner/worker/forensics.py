@@ -32,7 +32,7 @@ import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import tensorflow as tf
@@ -42,6 +42,12 @@ from tuner.preflight import as_fed, overflow
 from tuner.records import Forensics, NonFiniteKind, RunSpec
 from tuner.worker.graph import UPDATED_SCOPE, Built, Snapshot, build, session_config
 
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, DTypeLike
+
+    # a graph's snapshot loader, its placeholder per variable, the checked tensors of each run, its stateful ops
+    _Tools: TypeAlias = tuple[tf.Operation, dict[str, tf.Tensor], list[list[tf.Tensor]], list[str]]
+
 tf1 = tf.compat.v1
 
 LISTED = 10  # non-finite ops listed in the record
@@ -50,8 +56,8 @@ _BACKWARD = ("gradients/", "global_norm/", "clip_by_global_norm/")
 
 
 def investigate(
-    model: Model, data: Dataset, spec: RunSpec, step: int, built: Built, sess: Any, snapshot: Snapshot,
-    sample_ids: Sequence[int] | None = None,
+    model: Model, data: Dataset, spec: RunSpec, step: int, built: Built, sess: tf.compat.v1.Session,
+    snapshot: Snapshot, sample_ids: Sequence[int] | np.ndarray | None = None,
 ) -> Forensics:
     """Find where the divergence at ``step`` started (see the module docs); never raises.
 
@@ -70,8 +76,8 @@ def investigate(
 
 
 def data_fault(
-    data: Dataset, spec: RunSpec, step: int, input_names: Sequence[str], sample_ids: Sequence[int] | None,
-    dtypes: Sequence[Any] | None = None,
+    data: Dataset, spec: RunSpec, step: int, input_names: Sequence[str], sample_ids: Sequence[int] | np.ndarray | None,
+    dtypes: Sequence[DTypeLike] | None = None,
 ) -> Forensics | None:
     """A DATA record if the batch of ``step`` holds a non-finite input or label as fed to placeholders
     of ``dtypes`` (after the cast: 1.2e39 in float64 is Inf in float32), else None."""
@@ -105,7 +111,7 @@ def finite_rows(array: np.ndarray) -> np.ndarray:
 
 
 def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step: int,
-           built: Built | None = None, sess: Any = None) -> Forensics:
+           built: Built | None = None, sess: tf.compat.v1.Session | None = None) -> Forensics:
     """Replay ``step`` from ``snapshot`` with every op's output checked (see the module docs).
 
     In ``built`` and ``sess`` (the run's), or else in a fresh build of ``spec``.
@@ -117,7 +123,7 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
             return replay(model, data, spec, snapshot, step, built, fresh)
     load, feeds, checked, stateful = _tools(built)
 
-    def feed(k: int) -> dict[Any, np.ndarray]:
+    def feed(k: int) -> dict[tf.Tensor, np.ndarray]:
         return built.feed(data.batch(k, spec.seed), spec.seed, k)
 
     sess.run(load, {feeds[name]: value for name, value in snapshot.values().items()})
@@ -125,7 +131,7 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
         if not all(_finite(sess.run(run.fetches, feed(k))) for run in built.runs):
             note = f"the replay from step {snapshot.step} diverged earlier, at step {k}; not analysed"
             return Forensics(step, replayed_from=snapshot.step, note=note + _redrawn(stateful))
-    ops: list[Any] = []
+    ops: list[tf.Operation] = []
     for run, tensors in zip(built.runs, checked, strict=True):  # alternating losses: one run each, in order
         values, _ = sess.run((tensors, run.fetches), feed(step))
         bad = {t.name for t, v in zip(tensors, values, strict=True) if not np.all(np.isfinite(v))}
@@ -143,7 +149,7 @@ def replay(model: Model, data: Dataset, spec: RunSpec, snapshot: Snapshot, step:
     return replace(found, step=step, nonfinite_ops=listed, replayed_from=snapshot.step)
 
 
-def norm_overflow(op: Any, gradient_of: dict[str, str], values: dict[str, Any]) -> Forensics | None:
+def norm_overflow(op: tf.Operation, gradient_of: dict[str, str], values: dict[str, np.ndarray]) -> Forensics | None:
     """A gradient's squared norm that overflowed while the gradient stayed finite, named by its weight.
 
     tuner's global norm (``tf.linalg.global_norm`` in tuner.worker.graph, and the per-weight norms of
@@ -177,12 +183,12 @@ def _redrawn(stateful: Sequence[str]) -> str:
             "to make the replay exact")
 
 
-def _finite(fetched: Sequence[Any]) -> bool:
+def _finite(fetched: Sequence[ArrayLike]) -> bool:
     """Whether a run's fetches, ``(weights_ok, loss, grad_norm)`` per loss, are all finite."""
     return all(bool(v) if k % 3 == 0 else bool(np.isfinite(v)) for k, v in enumerate(fetched))
 
 
-def describe(op: Any, losses: Sequence[str] = ()) -> Forensics:
+def describe(op: tf.Operation, losses: Sequence[str] = ()) -> Forensics:
     """Kind, layer and loop iteration of ``op`` from its name scopes (step left 0).
 
     ``losses``: the loss names of a model with several, whose name scopes hold tuner's ops of each
@@ -230,11 +236,10 @@ def locate(name: str) -> tuple[str | None, int | None, str | None]:
     return (rest[0] if rest else None), iteration, forward_op
 
 
-_TOOLS: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, Any], list[list[Any]], list[str]]] = (
-    weakref.WeakKeyDictionary())
+_TOOLS: weakref.WeakKeyDictionary[tf.Graph, _Tools] = weakref.WeakKeyDictionary()
 
 
-def _tools(built: Built) -> tuple[Any, dict[str, Any], list[list[Any]], list[str]]:
+def _tools(built: Built) -> _Tools:
     """The snapshot loader, the checked tensors of each run of a train step, and its stateful random
     ops, for ``built``, made once per graph (a kept graph serves many runs)."""
     if built.graph not in _TOOLS:
@@ -249,7 +254,7 @@ def _tools(built: Built) -> tuple[Any, dict[str, Any], list[list[Any]], list[str
     return _TOOLS[built.graph]
 
 
-def _loader(variables: Sequence[Any]) -> tuple[Any, dict[str, Any]]:
+def _loader(variables: Sequence[tf.Variable]) -> tuple[tf.Operation, dict[str, tf.Tensor]]:
     """One op assigning every variable from a placeholder; variable name -> its placeholder."""
     feeds, assigns = {}, []
     with tf.name_scope("snapshot"):
@@ -259,9 +264,9 @@ def _loader(variables: Sequence[Any]) -> tuple[Any, dict[str, Any]]:
     return tf.group(*assigns), feeds
 
 
-def _needed(fetches: Sequence[Any]) -> set[Any]:
+def _needed(fetches: Sequence[tf.Tensor]) -> set[tf.Operation]:
     """Every op that running ``fetches`` runs (their inputs and control inputs, transitively)."""
-    needed: set[Any] = set()
+    needed: set[tf.Operation] = set()
     todo = [f.op for f in fetches]
     while todo:
         op = todo.pop()
@@ -272,7 +277,7 @@ def _needed(fetches: Sequence[Any]) -> set[Any]:
     return needed
 
 
-def _apply_op(graph: Any, variable: Any) -> Any:
+def _apply_op(graph: tf.Graph, variable: tf.Operation) -> tf.Operation | None:
     """The optimizer op that updates ``variable`` (its handle op), if any."""
     for op in graph.get_operations():
         if op.type.startswith("ResourceApply") and op.inputs and op.inputs[0].op is variable:

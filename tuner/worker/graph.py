@@ -30,7 +30,6 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -71,7 +70,7 @@ class Hyper:
             self._values = tf1.placeholder(tf.float32, [len(self.NAMES)], name="values")
             var = tf1.Variable(tf.zeros([len(self.NAMES)]), trainable=False, collections=[], name="tuner_hyper")
             self.assign = var.assign(self._values)
-            self.inputs: dict[str, Any] = dict(zip(self.NAMES, tf.unstack(var.value()), strict=True))
+            self.inputs: dict[str, tf.Tensor] = dict(zip(self.NAMES, tf.unstack(var.value()), strict=True))
         read = self.inputs
         self.learning_rate, self.lr_decay, self.clip_norm = read["learning_rate"], read["lr_decay"], read["clip_norm"]
         self.clip_on = read["clip_on"] > 0.5
@@ -82,12 +81,12 @@ class Hyper:
         """The values of ``config``, in the order of :attr:`NAMES` (null optimizer knobs: TF's defaults)."""
         return run_inputs(config.flat(), config.optimizer)
 
-    def set(self, sess: Any, config: TrainConfig) -> None:
+    def set(self, sess: tf.compat.v1.Session, config: TrainConfig) -> None:
         """Give the knobs ``config``'s values in ``sess``."""
         sess.run(self.assign, {self._values: np.asarray(self.values(config), np.float32)})
 
 
-def make_optimizer(name: str, hyper: Hyper | _Fixed, learning_rate: Any) -> Any:
+def make_optimizer(name: str, hyper: Hyper | _Fixed, learning_rate: tf.Tensor) -> tf.compat.v1.train.Optimizer:
     """The ``tf.compat.v1.train`` optimizer ``name``, its knobs fed from ``hyper`` (or fixed)."""
     if name == "adam":
         return tf1.train.AdamOptimizer(learning_rate, epsilon=hyper.epsilon)
@@ -112,10 +111,10 @@ class TrainRun:
     """
 
     losses: tuple[str, ...]  # the losses it updates, in order
-    fetches: tuple[Any, ...]  # per loss: (its weights finite after the update, the loss, its gradient norm)
+    fetches: tuple[tf.Tensor, ...]  # per loss: (its weights finite after the update, the loss, its gradient norm)
     report_names: tuple[str, ...]  # the metrics of report steps, in the order of report_values
-    report_values: Any  # float32 vector fetched with the train op on report steps
-    clipped: Any  # bool tensor: this step's clipping changed a gradient (None: the driver tells, global mode)
+    report_values: tf.Tensor  # float32 vector fetched with the train op on report steps
+    clipped: tf.Tensor | None  # bool: this step's clipping changed a gradient (None: the driver tells, global mode)
 
 
 @dataclass
@@ -125,15 +124,15 @@ class Built:
     graph: tf.Graph
     model: ModelGraph
     runs: tuple[TrainRun, ...]  # the session.runs of one train step, in order
-    val_loss: Any
-    state: list[Any]  # every global variable (weights, Adam slots, global step): the snapshot
+    val_loss: tf.Tensor
+    state: list[tf.Variable]  # every global variable (weights, Adam slots, global step): the snapshot
     state_reader: StateReader  # fetched with the last run of a step: the state after the step
     hyper: Hyper
-    init: Any  # the initializer of every global variable
+    init: tf.Operation  # the initializer of every global variable
     seed: int  # the graph-level seed its random ops now carry (see reseed)
-    random_ops: list[tuple[Any, int]] = field(default_factory=list)  # (op, its op seed): every random op
-    seed_consts: list[tuple[Any, int]] = field(default_factory=list)  # (Const, its Python draw): Keras' seeds
-    step_seed: Any = None  # the model's step_seed() placeholder, if it made one
+    random_ops: list[tuple[tf.Operation, int]] = field(default_factory=list)  # (op, its op seed): every random op
+    seed_consts: list[tuple[tf.Operation, int]] = field(default_factory=list)  # (Const, its Python draw): Keras' seeds
+    step_seed: tf.Tensor | None = None  # the model's step_seed() placeholder, if it made one
     reusable: bool = True  # its random ops' seeds follow TensorFlow's rule, so reseed gives a fresh build's
     # gradient tensor name -> the variable it is the gradient of (op name): what a norm over it names
     gradient_of: dict[str, str] = field(default_factory=dict)
@@ -144,27 +143,27 @@ class Built:
         return tuple(name for run in self.runs for name in run.losses)
 
     @property
-    def train_fetches(self) -> tuple[Any, ...]:
+    def train_fetches(self) -> tuple[tf.Tensor, ...]:
         """``(weights_ok, loss, grad_norm)`` of a one-loss model's step (see :attr:`runs` for several)."""
         if len(self.runs) != 1:
             raise ValueError("an alternating multi-loss step is several session.runs: use Built.runs")
         return self.runs[0].fetches
 
     @property
-    def clipped(self) -> Any:
+    def clipped(self) -> tf.Tensor | None:
         """The clip flag of a one-run step (None in global clip mode)."""
         self.train_fetches  # noqa: B018  (raises for several runs)
         return self.runs[0].clipped
 
-    def start(self, sess: Any, config: TrainConfig) -> None:
+    def start(self, sess: tf.compat.v1.Session, config: TrainConfig) -> None:
         """Initialise every variable in ``sess`` and set tuner's knobs to ``config``'s."""
         sess.run(self.init)
         self.hyper.set(sess, config)
 
-    def feed(self, arrays: Sequence[np.ndarray], seed: int = 0, step: int = 0) -> dict[Any, Any]:
+    def feed(self, arrays: Sequence[np.ndarray], seed: int = 0, step: int = 0) -> dict[tf.Tensor, np.ndarray]:
         """A feed dict: the model's placeholders from ``arrays``, and the model's
         :func:`~tuner.models.base.step_seed` (if it made one) from ``seed`` and ``step``."""
-        feed: dict[Any, Any] = dict(zip(self.model.inputs, arrays, strict=True))
+        feed: dict[tf.Tensor, np.ndarray] = dict(zip(self.model.inputs, arrays, strict=True))
         if self.step_seed is not None:
             feed[self.step_seed] = np.array([seed % MAXINT32, step], np.int32)
         return feed
@@ -225,8 +224,8 @@ class _LossPart:
     ``g_loss/Adam/...``), so forensics names the loss of a tuner op; a model with one loss gets none.
     """
 
-    def __init__(self, name: str, loss: Loss, trainable: list[Any], config: TrainConfig, hyper: Hyper,
-                 learning_rate: Any, scoped: bool) -> None:
+    def __init__(self, name: str, loss: Loss, trainable: list[tf.Variable], config: TrainConfig, hyper: Hyper,
+                 learning_rate: tf.Tensor, scoped: bool) -> None:
         self.name, self.loss, self.scoped = name, loss, scoped
         variables = loss.variables(trainable)
         if not variables:
@@ -243,16 +242,16 @@ class _LossPart:
             self.grad_norm = tf.linalg.global_norm(grads)
             self.grads, self.clipped = _clip(grads, self.grad_norm, hyper, config.clip_mode)
 
-    def scope(self) -> Any:
+    def scope(self) -> contextlib.AbstractContextManager[str | None]:
         """The loss's name scope (re-entered exactly), or none for a model's only loss."""
         return tf.name_scope(self.name + "/") if self.scoped else contextlib.nullcontext()
 
-    def apply(self, step: Any | None) -> Any:
+    def apply(self, step: tf.Variable | None) -> tf.Operation:
         """The update of the loss's weights (incrementing ``step`` when given)."""
         with self.scope():
             return self.optimizer.apply_gradients(zip(self.grads, [v for _, v in self.pairs], strict=True), step)
 
-    def fetches(self, train_op: Any) -> tuple[Any, Any, Any]:
+    def fetches(self, train_op: tf.Operation) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """(its weights finite after ``train_op``, the loss, its unclipped gradient norm)."""
         with tf.control_dependencies([train_op]), self.scope(), tf.name_scope(UPDATED_SCOPE):
             finite = [tf.reduce_all(tf.math.is_finite(v.read_value())) for _, v in self.pairs]
@@ -260,7 +259,7 @@ class _LossPart:
         return weights_ok, self.loss.tensor, self.grad_norm
 
 
-def _train_runs(parts: list[_LossPart], mg: ModelGraph, step: Any) -> tuple[tuple[TrainRun, ...], Any]:
+def _train_runs(parts: list[_LossPart], mg: ModelGraph, step: tf.Variable) -> tuple[tuple[TrainRun, ...], tf.Operation]:
     """The session.runs of a train step (one, or one per loss when alternating) and the last train op.
 
     The last update of a step increments the global step. Simultaneous updates of several losses
@@ -284,13 +283,13 @@ def _train_runs(parts: list[_LossPart], mg: ModelGraph, step: Any) -> tuple[tupl
     return tuple(runs), train_op
 
 
-def _joined_reports(group: list[_LossPart], watch: Mapping[str, Any]) -> tuple[tuple[str, ...], Any]:
+def _joined_reports(group: list[_LossPart], watch: Mapping[str, tf.Tensor]) -> tuple[tuple[str, ...], tf.Tensor]:
     """The report metrics of the losses of one run (per-weight gradient norms; ``grad_norm/g_loss/...``
     for a model with several losses) and of the watched tensors, as one vector."""
     return _report_tensors([(f"{p.name}/" if p.scoped else "", g, v) for p in group for g, v in p.pairs], watch)
 
 
-def _reported_loss(mg: ModelGraph) -> Any:
+def _reported_loss(mg: ModelGraph) -> tf.Tensor:
     """The training loss a run reports: the model's loss, or the sum of its losses."""
     if mg.loss is not None:
         return mg.loss
@@ -346,7 +345,8 @@ class Graphs:
         self._kept.clear()
 
 
-def _report_tensors(pairs: list[tuple[str, Any, Any]], watch: Mapping[str, Any]) -> tuple[tuple[str, ...], Any]:
+def _report_tensors(pairs: list[tuple[str, tf.Tensor | tf.IndexedSlices, tf.Variable]],
+                    watch: Mapping[str, tf.Tensor]) -> tuple[tuple[str, ...], tf.Tensor]:
     """Per-weight gradient norms (before clipping) and the largest |value| of each watched tensor.
 
     ``pairs``: (metric prefix, gradient, variable). Stacked into one vector: one fetch costs ~15 us,
@@ -367,12 +367,13 @@ class StateReader:
     replay.
     """
 
-    def __init__(self, variables: Sequence[Any]) -> None:
-        groups: dict[Any, list[Any]] = {}  # dtype (or a variable of unknown shape) -> variables
+    def __init__(self, variables: Sequence[tf.Variable]) -> None:
+        # dtype (or a variable of unknown shape) -> variables
+        groups: dict[tf.DType | tf.Variable, list[tf.Variable]] = {}
         for v in variables:
             key = v.dtype.base_dtype if v.shape.is_fully_defined() else v
             groups.setdefault(key, []).append(v)
-        self.fetches: list[Any] = []
+        self.fetches: list[tf.Tensor] = []
         self.layout: list[tuple[str, int, int, tuple[int, ...] | None]] = []  # name, fetch, start, shape
         with tf.name_scope("snapshot_read"):
             for members in groups.values():
@@ -420,13 +421,13 @@ def metric_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-./ ]", "_", name.removesuffix(":0"))
 
 
-def _check_scalar(tensor: Any, what: str) -> None:
+def _check_scalar(tensor: object, what: str) -> None:
     shape = getattr(tensor, "shape", None)
     if shape is None or shape.rank != 0:
         raise ValueError(f"the model's {what} must be a scalar tensor, got shape {shape}")
 
 
-def _l2_term(variables: list[Any], weight: Any) -> Any:
+def _l2_term(variables: list[tf.Variable], weight: tf.Tensor) -> tf.Tensor:
     kernels = [v for v in variables if v.shape.rank is not None and v.shape.rank >= 2]
     if not kernels:
         return tf.constant(0.0)
@@ -434,14 +435,15 @@ def _l2_term(variables: list[Any], weight: Any) -> Any:
         return weight * tf.add_n([tf.nn.l2_loss(k) for k in kernels])
 
 
-def _learning_rate(hyper: Hyper, step: Any) -> Any:
+def _learning_rate(hyper: Hyper, step: tf.Variable) -> tf.Tensor:
     """``lr * decay ** (step / DECAY_STEPS)``, as ``exponential_decay`` (decay 1.0: exactly ``lr``)."""
     with tf.name_scope("learning_rate"):
         progress = tf.cast(step, tf.float32) / DECAY_STEPS
         return hyper.learning_rate * tf.pow(hyper.lr_decay, progress)
 
 
-def _clip(grads: list[Any], norm: Any, hyper: Hyper, mode: str) -> tuple[list[Any], Any]:
+def _clip(grads: list[tf.Tensor | tf.IndexedSlices], norm: tf.Tensor, hyper: Hyper,
+          mode: str) -> tuple[list[tf.Tensor | tf.IndexedSlices], tf.Tensor | None]:
     """Clip the gradients when ``hyper.clip_on``; else leave them exactly as they are.
 
     ``global``: all scaled by ``clip / global norm`` when above, as ``tf.clip_by_global_norm``;
@@ -470,13 +472,13 @@ def _clip(grads: list[Any], norm: Any, hyper: Hyper, mode: str) -> tuple[list[An
         return out, clipped
 
 
-def _scaled(g: Any, scale: Any) -> Any:
+def _scaled(g: tf.Tensor | tf.IndexedSlices, scale: tf.Tensor) -> tf.Tensor | tf.IndexedSlices:
     if isinstance(g, tf.IndexedSlices):
         return tf.IndexedSlices(g.values * tf.cast(scale, g.dtype), g.indices, g.dense_shape)
     return g * tf.cast(scale, g.dtype)
 
 
-def session_config(threads: int, gpu: bool) -> Any:
+def session_config(threads: int, gpu: bool) -> tf.compat.v1.ConfigProto:
     """Session settings for one slot: its CPU count as threads; GPU memory grown as needed."""
     proto = tf1.ConfigProto(
         intra_op_parallelism_threads=threads,

@@ -21,11 +21,14 @@ from __future__ import annotations
 import contextlib
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tuner.hooks import can_set_attrs, set_int_attr, set_tensor_attr
+
+if TYPE_CHECKING:
+    from tuner.models.base import Graph, Operation
 
 MAXINT32 = 2**31 - 1  # TensorFlow truncates graph and op seeds modulo this (random_seed._truncate_seed)
 KERAS_DRAW = (1, int(1e9))  # tf_keras' RandomGenerator._create_seed: random.randint(1, int(1e9))
@@ -50,7 +53,7 @@ def python_seeded(seed: int) -> Iterator[None]:
         np.random.set_state(np_state)
 
 
-def random_ops(graph: Any, seed: int) -> tuple[list[tuple[Any, int]], list[tuple[Any, int]], bool]:
+def random_ops(graph: Graph, seed: int) -> tuple[list[tuple[Operation, int]], list[tuple[Operation, int]], bool]:
     """The random ops of a graph built with ``seed`` and what a reseed needs of them.
 
     Returns ``(ops, consts, reusable)``: the ops with ``seed`` and ``seed2`` attributes with their
@@ -67,8 +70,8 @@ def random_ops(graph: Any, seed: int) -> tuple[list[tuple[Any, int]], list[tuple
     graph when TensorFlow's op attributes cannot be set (``tuner.hooks.can_set_attrs``).
     """
     has_seed: dict[str, tuple[bool, bool, int | None]] = {}  # op type -> (seed attrs, seed2 input, seed input)
-    found: list[tuple[Any, int]] = []
-    consts: dict[str, Any] = {}  # name -> a Const op seeding a stateless random op
+    found: list[tuple[Operation, int]] = []
+    consts: dict[str, Operation] = {}  # name -> a Const op seeding a stateless random op
     graph_seed = seed % MAXINT32
     reusable = can_set_attrs()
     for op in graph.get_operations():
@@ -91,7 +94,7 @@ def random_ops(graph: Any, seed: int) -> tuple[list[tuple[Any, int]], list[tuple
     return found, drawn or [], reusable and drawn is not None
 
 
-def _draw_indices(consts: list[Any], seed: int) -> list[tuple[Any, int]] | None:
+def _draw_indices(consts: list[Operation], seed: int) -> list[tuple[Operation, int]] | None:
     """Each ``[s, 0]`` constant with the index of ``s`` among the Python draws of a build with
     ``seed`` (see the module docs); None if one is not such a draw."""
     if not consts:
@@ -115,7 +118,7 @@ def keras_draws(seed: int, count: int) -> list[int]:
     return [draw.randint(*KERAS_DRAW) for _ in range(count)]
 
 
-def reseed_ops(ops: list[tuple[Any, int]], seed: int) -> None:
+def reseed_ops(ops: list[tuple[Operation, int]], seed: int) -> None:
     """Give every ``(op, op seed)`` of ``ops`` the seed attributes a fresh build with graph seed ``seed`` would give.
 
     Takes effect in sessions opened afterwards (a session reads the graph when it first runs).
@@ -126,7 +129,7 @@ def reseed_ops(ops: list[tuple[Any, int]], seed: int) -> None:
         set_int_attr(op, "seed2", MAXINT32 if (graph_seed, op_seed) == (0, 0) else op_seed)
 
 
-def reseed_consts(consts: list[tuple[Any, int]], seed: int) -> None:
+def reseed_consts(consts: list[tuple[Operation, int]], seed: int) -> None:
     """Give every ``(constant, draw index)`` of ``consts`` the value a fresh build with ``seed`` would give it."""
     if not consts:
         return

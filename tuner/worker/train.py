@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import SupportsFloat
 
 import numpy as np
 import tensorflow as tf
@@ -62,8 +62,8 @@ def train_run(
     data: Dataset,
     spec: RunSpec,
     should_stop: Callable[[], bool] = lambda: False,
-    info: Mapping[str, Any] | None = None,
-    sample_ids: Sequence[int] | None = None,
+    info: Mapping[str, object] | None = None,
+    sample_ids: Sequence[int] | np.ndarray | None = None,
     graphs: Graphs | None = None,
 ) -> Iterator[RunRecord]:
     """Train one seed run; yield a progress record every ``spec.report_every`` steps, then a final one.
@@ -133,7 +133,7 @@ class Stepper:
         metrics: the metrics of the latest report step.
     """
 
-    def __init__(self, sess: Any, built: Built, data: Dataset, spec: RunSpec) -> None:
+    def __init__(self, sess: tf.compat.v1.Session, built: Built, data: Dataset, spec: RunSpec) -> None:
         self.sess, self.built, self.data, self.spec = sess, built, data, spec
         self.telemetry = Telemetry(spec.config.clip_norm)
         names = [v.name for v in built.state]
@@ -141,7 +141,7 @@ class Stepper:
         self.snapshot = Snapshot(0, initial, lambda raw: dict(zip(names, raw, strict=True)))
         self.metrics: dict[str, float] = {}
 
-    def feed_arrays(self, arrays: Sequence[np.ndarray], step: int = 0) -> dict[Any, Any]:
+    def feed_arrays(self, arrays: Sequence[np.ndarray], step: int = 0) -> dict[tf.Tensor, np.ndarray]:
         """A feed dict of the model's placeholders (and its step seed at ``step``): :meth:`Built.feed`."""
         return self.built.feed(arrays, self.spec.seed, step)
 
@@ -157,7 +157,7 @@ class Stepper:
         losses: dict[str, tuple[float, float]] = {}  # loss name -> (value, unclipped gradient norm)
         clipped: list[bool] = []
         reported: dict[str, float] = {}
-        raw: Any = None
+        raw: Sequence[np.ndarray] = ()  # the state after the step, fetched with the last run of a report step
         for i, run in enumerate(self.built.runs):
             extra = () if run.clipped is None else (run.clipped,)
             if report:
@@ -197,7 +197,7 @@ class Stepper:
 
 
 def _investigate(
-    model: Model, stepper: Stepper, step: int, sample_ids: Sequence[int] | None, info: dict[str, Any]
+    model: Model, stepper: Stepper, step: int, sample_ids: Sequence[int] | np.ndarray | None, info: dict[str, object],
 ) -> Forensics:
     """The forensics of a divergence at ``step``, with the run's telemetry points (never raises)."""
     started = time.perf_counter()
@@ -256,7 +256,7 @@ def _final(
     status: RunStatus,
     cause: Cause | None,
     val: float | None,
-    info: Mapping[str, Any],
+    info: Mapping[str, object],
     forensics: Forensics | None = None,
 ) -> RunRecord:
     last = telemetry.losses[-1] if telemetry.losses else None
@@ -270,6 +270,6 @@ def _final(
     )
 
 
-def _finite_or_none(value: Any) -> float | None:
+def _finite_or_none(value: SupportsFloat) -> float | None:
     number = float(value)
     return number if math.isfinite(number) else None
