@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Literal
 
 import pytest
+from pydantic import BaseModel, Field
 
 from tests.conftest import FIXTURES, run_tuner
-from tuner.cli import LAUNCH_FLAGS, launch_flags, main, parser
-from tuner.config import LaunchConfig
+from tuner.cli import LAUNCH_FLAGS, add_options, launch_flags, main, parser
+from tuner.config import CheckModelOptions, LaunchConfig, ReportOptions, VerifyOptions, load_options
 
 
 def test_parser_launch_flags_map_to_config_fields() -> None:
@@ -212,3 +215,68 @@ def test_parser_placement_timeout_flag_and_its_bounds() -> None:
     assert config.placement_timeout == 7.5 and LaunchConfig().placement_timeout == 120.0
     with pytest.raises(ConfigError, match="placement_timeout: Input should be greater than or equal to 1"):
         load_launch(launch_flags(parser().parse_args(["launch", "--placement-timeout", "0.5"])))
+
+
+COMMANDS = {"launch": LaunchConfig, "report": ReportOptions, "verify": VerifyOptions, "check-model": CheckModelOptions}
+
+
+def _subparser(command: str) -> argparse.ArgumentParser:
+    action = next(a for a in parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_parser_each_option_is_one_field_of_its_model_and_each_field_one_option(command: str) -> None:
+    """The one definition: a field of the command's model is exactly one argument (its name, dashes for
+    underscores), with the field's description as its help, and no argument is not a field (but launch's
+    ``--config``, the YAML the fields are read from)."""
+    model = COMMANDS[command]
+    not_fields = {"help", "config"} if command == "launch" else {"help"}
+    actions = [a for a in _subparser(command)._actions if a.dest not in not_fields]
+    assert [a.dest for a in actions] == list(model.model_fields)
+    for action in actions:
+        field = model.model_fields[action.dest]
+        flag = "--" + action.dest.replace("_", "-")
+        assert action.option_strings in ([flag], [flag, "--no-" + flag[2:]]) if not field.is_required() \
+            else action.option_strings == []
+        assert field.description and action.help and action.help.replace("%%", "%").startswith(field.description)
+        if field.default not in (None, False) and not field.is_required():
+            assert "default" in action.help, f"{command} {flag}: its help does not say its default"
+        default = None if command == "launch" else field.default
+        assert action.default == default or field.is_required(), f"{command} {flag}"
+
+
+def test_parser_defaults_parse_into_the_models_defaults() -> None:
+    def parsed(*argv: str) -> dict[str, object]:
+        return vars(parser().parse_args(argv))
+
+    assert load_options(VerifyOptions, parsed("verify", "b.yaml")) == VerifyOptions(config="b.yaml")
+    assert load_options(ReportOptions, parsed("report")) == ReportOptions()
+    assert load_options(CheckModelOptions, parsed("check-model", "m")) == CheckModelOptions(spec="m")
+
+
+def test_add_options_a_new_field_is_a_flag_with_its_type_choices_and_default_in_its_help() -> None:
+    class Options(BaseModel):
+        path: str = Field(description="a file")
+        batch_size: int = Field(64, ge=1, description="samples a step")
+        rate: float = Field(0.5, description="a rate (default: half)")
+        mode: Literal["a", "b"] = Field("b", description="the mode")
+        warm: bool = Field(True, description="start warm")
+        dry_run: bool = Field(False, description="print only")
+        limit: int | None = Field(None, description="at most this many (default: no limit)")
+
+    p = argparse.ArgumentParser()
+    add_options(p, Options)
+    args = p.parse_args(["x.yaml", "--batch-size", "8", "--mode", "a", "--no-warm", "--dry-run", "--limit", "3"])
+    assert vars(args) == {"path": "x.yaml", "batch_size": 8, "rate": 0.5, "mode": "a", "warm": False,
+                          "dry_run": True, "limit": 3}
+    helps = {a.dest: a.help for a in p._actions}
+    assert helps["batch_size"] == "samples a step (default 64)" and helps["rate"] == "a rate (default: half)"
+    assert helps["mode"] == "the mode (default b)" and helps["warm"] == "start warm (default: on)"
+    assert helps["dry_run"] == "print only" and helps["path"] == "a file"
+    with pytest.raises(SystemExit):
+        p.parse_args(["x.yaml", "--mode", "c"])
+    given_only = argparse.ArgumentParser()
+    add_options(given_only, Options, given_only=True)
+    unset = dict.fromkeys(list(Options.model_fields)[1:])
+    assert vars(given_only.parse_args(["x.yaml"])) == {"path": "x.yaml", **unset}

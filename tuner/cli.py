@@ -1,118 +1,100 @@
 """Command line: ``python -m tuner launch | report | verify | check-model``.
 
-Thin by design: one parser function per command; parsing is tested on its own; the work is done
-in ``tuner.driver.launch`` / ``tuner.driver.report`` / ``tuner.worker.checkmodel``. A :class:`TunerError` is printed
-as one clear message (no traceback) and the exit status is 2 (bad input), or 4 when every trial of
-a launch failed. Passwords are masked in all output (``tuner.masking``). ``launch`` and ``verify`` exit 3
-when the config they end with is not shown stable (it diverged, did not learn, or its verified
-survival's lower bound is below ``--min-survival``). Exit 6: a file tuner writes (best_config.yaml,
-a plot) could not be written, a full disk say; the earlier file is left whole (``tuner.atomic``),
-the study is kept, and the same command (or ``tuner report`` for the plots) writes it again. A
-message is capped at :data:`MAX_MESSAGE` characters, its head and tail kept around an ellipsis.
+Thin by design: each command's flags are generated from its options model in ``tuner.config``
+(:func:`add_options`: one definition of each option's name, type, default and help); parsing is
+tested on its own; the work is done in ``tuner.driver.launch`` / ``tuner.driver.report`` /
+``tuner.worker.checkmodel``. A :class:`TunerError` is printed as one clear message (no traceback)
+and the exit status is 2 (bad input), or 4 when every trial of a launch failed. Passwords are
+masked in all output (``tuner.masking``). ``launch`` and ``verify`` exit 3 when the config they
+end with is not shown stable (it diverged, did not learn, or its verified survival's lower bound
+is below ``--min-survival``). Exit 6: a file tuner writes (best_config.yaml, a plot) could not be
+written, a full disk say; the earlier file is left whole (``tuner.atomic``), the study is kept,
+and the same command (or ``tuner report`` for the plots) writes it again. A message is capped at
+:data:`MAX_MESSAGE` characters, its head and tail kept around an ellipsis.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from typing import Any, NoReturn
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NoReturn
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
 from tuner import environ, masking
+from tuner.config import CheckModelOptions, LaunchConfig, ReportOptions, VerifyOptions
 from tuner.errors import Interrupted, TunerError
 
-LAUNCH_FLAGS = (
-    "model", "space", "trials", "steps", "seeds", "report_every", "study", "storage",
-    "tracking_uri", "no_tracking", "address", "cpus_per_trial", "gpus_per_trial",
-    "max_concurrent", "max_retries", "num_cpus", "num_gpus", "sampler", "seed", "out",
-    "allow_bad_data", "live", "race_seeds", "verify_seeds", "verify_steps", "min_survival",
-    "verify_candidates", "margin", "pruner", "graph_reuse",
-    "grace_period", "placement_timeout", "allow_steps_change", "run_timeout",
-)
+LAUNCH_FLAGS = tuple(LaunchConfig.model_fields)  # every field of LaunchConfig is a launch flag
+
+
+def add_options(p: argparse.ArgumentParser, model: type[BaseModel], *, given_only: bool = False,
+                helps: Mapping[str, str] | None = None) -> None:
+    """One argument per field of ``model`` (tuner.config), in the fields' order: ``--name-with-dashes``,
+    or a positional argument for a field without a default; its type, choices (a ``Literal``), default
+    and help (``description``, ``helps`` instead where given) are the field's. A ``bool`` is
+    ``--flag`` when its default is False, else ``--flag/--no-flag``. ``given_only``: every default is
+    None, so that what was not given can come from elsewhere (launch's YAML)."""
+    for name, field in model.model_fields.items():
+        names, kwargs = argument(name, field, given_only, (helps or {}).get(name))
+        p.add_argument(*names, **kwargs)
+
+
+def argument(name: str, field: FieldInfo, given_only: bool = False,
+             help_text: str | None = None) -> tuple[list[str], dict[str, Any]]:
+    """The ``add_argument`` names and keywords of one field (see :func:`add_options`)."""
+    text = help_text or field.description or ""
+    kind = _without_none(field.annotation)
+    if field.is_required():
+        return [name], {"help": text.replace("%", "%%")}
+    kwargs: dict[str, Any] = {"default": None if given_only else field.default,
+                              "help": (text + default_shown(field, text)).replace("%", "%%")}
+    if kind is bool:
+        kwargs["action"] = "store_true" if field.default is False else argparse.BooleanOptionalAction
+    elif typing.get_origin(kind) is Literal:
+        kwargs["choices"] = typing.get_args(kind)
+    elif kind in (int, float):
+        kwargs["type"] = kind
+    return ["--" + name.replace("_", "-")], kwargs
+
+
+def default_shown(field: FieldInfo, text: str) -> str:
+    """`` (default X)`` for a help ``text`` that does not state the field's default itself
+    (``(default`` or ``default:`` in it); nothing for None or a False flag."""
+    default = field.default
+    if "(default" in text or "default:" in text or default is None or default is False:
+        return ""
+    if default is True:
+        return " (default: on)"
+    return f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
+
+
+def _without_none(annotation: Any) -> Any:
+    """``int`` of ``int | None``; any other annotation as it is."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1 \
+        else annotation
 
 
 def add_launch(sub: Any) -> None:
-    """The ``launch`` command's flags (every default lives in tuner.config.LaunchConfig)."""
+    """The ``launch`` command: ``--config`` and a flag per field of LaunchConfig, each None unless given."""
     from tuner.driver import pruning  # the one registry of pruner names (imports optuna, not TensorFlow)
 
     p = sub.add_parser("launch", help="run a stability search and write best_config.yaml",
                        description="Search for a training config that does not diverge.")
     p.add_argument("--config", help="launch YAML whose keys are these flags' names (flags win)")
-    p.add_argument("--model", help="iterated_mlp (default), counting_cnn, pkg.module:Name or file.py:Name")
-    p.add_argument("--space", help="search-space YAML (default: search_spaces/<model>.yaml)")
-    p.add_argument("--trials", type=int,
-                   help="finished trials the study should reach, counting those it already holds: a continued "
-                        "study runs only the rest, so the same command twice trains once; raise it to run more "
-                        "(default 30)")
-    p.add_argument("--steps", type=int, help="training steps per seed run: the budget (default 600)")
-    p.add_argument("--seeds", type=int, help="seeds per trial, run in parallel (default 2)")
-    p.add_argument("--report-every", type=int, help="steps between progress records (default 25)")
-    p.add_argument("--study", help="study name; the same name and storage continue a study (default: model name)")
-    p.add_argument("--storage", help="Optuna storage URL; keep a password out of argv with $TUNER_STORAGE, "
-                   "PGPASSWORD or ~/.pgpass (docs/operations.md) (default $TUNER_STORAGE or sqlite:///tuner.db)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    p.add_argument("--no-tracking", action="store_true", default=None, help="do not log to MLflow")
-    p.add_argument("--address", help="join this Ray cluster (host:port or auto); default: start a local one")
-    p.add_argument("--cpus-per-trial", type=float, help="CPUs of one seed run; its TF threads (default 1)")
-    p.add_argument("--gpus-per-trial", type=float, help="GPUs of one seed run, fractions share a GPU (default 0)")
-    p.add_argument("--max-concurrent", type=int, help="at most this many seed runs at once (default: what fits)")
-    p.add_argument("--max-retries", type=int, help="retries of a seed run whose worker died (default 2)")
-    p.add_argument("--num-cpus", type=int, help="CPUs of the embedded local cluster (default: all)")
-    p.add_argument("--num-gpus", type=int, help="GPUs of the embedded local cluster (default: detected)")
-    p.add_argument("--sampler", choices=("tpe", "random"), help="Optuna sampler (default tpe)")
-    p.add_argument("--seed", type=int, help="sampler seed, for a reproducible search (default 0)")
-    p.add_argument("--out", help="where to write the best config (default best_config.yaml)")
-    p.add_argument("--allow-bad-data", action="store_true", default=None,
-                   help="skip samples the data preflight flags instead of stopping")
-    p.add_argument("--live", action=argparse.BooleanOptionalAction, default=None,
-                   help="live terminal view (default: on when stdout is a terminal; never when it is piped or "
-                        "redirected: one line per event then)")
-    p.add_argument("--race-seeds", type=int,
-                   help="seeds a trial that could become the best must survive, doubling from --seeds; "
-                        "at or below --seeds: no racing (default 8)")
-    p.add_argument("--verify-seeds", type=int,
-                   help="fresh seeds the best configs are retrained on at the end; 0: no verification (default 16)")
-    p.add_argument("--verify-steps", type=int, help="steps of a verification run (default: 2 x --steps)")
-    p.add_argument("--pruner", choices=pruning.NAMES, help=pruning.help_text())
-    p.add_argument("--min-survival", type=float,
-                   help="bar for the 95%% lower bound of the verified survival rate (default 0.8)")
-    p.add_argument("--verify-candidates", type=int,
-                   help="at most this many configs are verified, best first, until one meets the bar (default 3)")
-    p.add_argument("--grace-period", type=int,
-                   help="seconds without a heartbeat after which another launch's trial counts as stopped and "
-                        "is run again; launches on one study share it (default 30)")
-    p.add_argument("--placement-timeout", type=float,
-                   help="seconds runs may wait with no alive node able to host them: then the embedded cluster is "
-                        "restarted, or with --address the launch stops (exit 5) (default 120)")
-    p.add_argument("--margin", action=argparse.BooleanOptionalAction, default=None,
-                   help="measure the winner's learning-rate margin (x1.5, 2, 3, 5) on the verification seeds "
-                        "(default: on)")
-    p.add_argument("--run-timeout", type=float,
-                   help="seconds a seed run may send no progress before its worker is killed and the run FAILED "
-                        "(a hung build or step; the trial FAILs and is not queued again) (default: 10x the "
-                        "longest such wait of this launch's runs, at least 120 s; 600 s before any run reported)")
-    p.add_argument("--allow-steps-change", action="store_true", default=None,
-                   help="continue a study that earlier launches searched at another --steps (refused without it: "
-                        "their trials' losses are not comparable with this budget's); best_config.yaml records "
-                        "every budget the study was searched at")
-    p.add_argument("--graph-reuse", action=argparse.BooleanOptionalAction, default=None,
-                   help="a worker reuses the graph it built for a model config, reseeded, for the next run of "
-                        "that config; --no-graph-reuse builds every run's graph afresh, for a model whose "
-                        "build is not deterministic (default: on)")
+    add_options(p, LaunchConfig, given_only=True, helps={"pruner": pruning.help_text()})
 
 
 def add_report(sub: Any) -> None:
     """The ``report`` command: a finished study's table and plots, from its stores alone."""
     p = sub.add_parser("report", help="table and plots of a study, without training",
                        description="Print a study's trials and write its stability plots.")
-    p.add_argument("--model", help="the launch's model, whose name is the default study name (default iterated_mlp)")
-    p.add_argument("--study", help="study name (default: the model's name, as launch)")
-    p.add_argument("--storage", help="Optuna storage URL (default $TUNER_STORAGE or sqlite:///tuner.db, as launch)")
-    p.add_argument("--tracking-uri",
-                   help="MLflow tracking URI: divergence causes, and the plots attached to the launch run "
-                        "(default $MLFLOW_TRACKING_URI or sqlite:///mlflow.db, as launch, if that file exists)")
-    p.add_argument("--no-tracking", action="store_true", help="do not read or write MLflow")
-    p.add_argument("--out-dir", default=".", help="folder for the PNG plots (default: current folder)")
+    add_options(p, ReportOptions)
 
 
 def add_verify(sub: Any) -> None:
@@ -123,35 +105,14 @@ def add_verify(sub: Any) -> None:
                                    "reaches --min-survival, else 3. The file is data: a model it names "
                                    "from a .py file or a module is imported only if --model names it too, "
                                    "or with --trust-file-model.")
-    p.add_argument("config", help="a YAML with a 'config:' mapping of knob values (best_config.yaml)")
-    p.add_argument("--seeds", type=int, default=16,
-                   help="fresh seeds to train on, 1 to 10000: each is one training run, and 10000/10000 "
-                        "already bounds the rate above 0.9996 (default 16)")
-    p.add_argument("--steps", type=int,
-                   help="steps per run, 1 to 10 million (default: 2 x the file's stability.steps)")
-    p.add_argument("--model",
-                   help="model: iterated_mlp, counting_cnn, pkg.module:Name or file.py:Name (default: the "
-                        "file's study.model, a file or module one only with --trust-file-model; else iterated_mlp)")
-    p.add_argument("--trust-file-model", action="store_true",
-                   help="import the .py file or module that the file's study.model names (without it, "
-                        "tuner says which it would import and stops)")
-    p.add_argument("--min-survival", type=float, default=0.8,
-                   help="bar for the 95%% lower bound of the survival rate, 0 to 1 (default 0.8)")
-    p.add_argument("--seed", type=int, help="derive the fresh seeds from this number (default: random)")
-    p.add_argument("--fail-fast", action="store_true",
-                   help="stop at the first divergence that puts the bar out of reach")
-    p.add_argument("--address", help="join this Ray cluster (host:port or auto); default: start a local one")
-    p.add_argument("--num-cpus", type=int, help="CPUs of the embedded local cluster (default: all)")
-    p.add_argument("--cpus-per-trial", type=float, default=1.0, help="CPUs of one seed run (default 1)")
-    p.add_argument("--gpus-per-trial", type=float, default=0.0, help="GPUs of one seed run (default 0)")
+    add_options(p, VerifyOptions)
 
 
 def add_check_model(sub: Any) -> None:
     """The ``check-model`` command: check a model against the contract."""
     p = sub.add_parser("check-model", help="build a model once, train a few steps, check the contract",
                        description="Check that a model follows tuner's model contract.")
-    p.add_argument("spec", help="iterated_mlp, counting_cnn, pkg.module:Name or path/file.py:Name")
-    p.add_argument("--steps", type=int, default=5, help="training steps to run, 1 to 10000 (default 5)")
+    add_options(p, CheckModelOptions)
 
 
 class OneLineParser(argparse.ArgumentParser):
