@@ -107,7 +107,7 @@ class BestConfig(_Part):
     note: str | None = None
 
     @classmethod
-    def of(cls, doc: Any, where: str = "best config") -> BestConfig:
+    def of(cls, doc: object, where: str = "best config") -> BestConfig:
         """``doc`` (best_config.yaml's mapping) as a BestConfig.
 
         Raises:

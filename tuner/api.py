@@ -26,7 +26,7 @@ tuner.errors.ConfigError: tuner.launch(): trails: Extra inputs are not permitted
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from tuner.errors import Interrupted, TunerError
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
+    from rich.console import Console
 
     from tuner.driver.evidence import Verification
     from tuner.driver.trialrecord import TrialRecord
@@ -162,8 +163,8 @@ def _show_figures_inline() -> None:
             select_figure_formats(shell, {"png"})
 
 
-def launch(model: Any = None, *, config_file: str | Path | None = None, progress: bool = True,
-           **options: Any) -> Result:
+def launch(model: object = None, *, config_file: str | Path | None = None, progress: bool = True,
+           **options: object) -> Result:
     """Run a stability search, as ``python -m tuner launch`` does; return its :class:`Result`.
 
     Args:
@@ -220,7 +221,8 @@ def load(study: str, storage: str | None = None, tracking_uri: str | None = None
         return _result(study, storage, uri)
 
 
-def verify(config: Any, *, model: Any = None, progress: bool = True, **options: Any) -> Verification:
+def verify(config: str | Path | Mapping[str, object] | BestConfig | Result, *, model: object = None,
+           progress: bool = True, **options: object) -> Verification:
     """Retrain a config on fresh seeds, as ``python -m tuner verify`` does; return the evidence.
 
     Args:
@@ -250,6 +252,7 @@ def verify(config: Any, *, model: Any = None, progress: bool = True, **options: 
             if config.answer is None:
                 raise TunerError(f"study {config.study!r} has no answer to verify yet")
             config = config.answer
+        doc: Mapping[str, object]
         if isinstance(config, str | Path):
             where, doc = str(config), read_config_file(str(config))
         else:
@@ -268,13 +271,13 @@ def verify(config: Any, *, model: Any = None, progress: bool = True, **options: 
             return verify_doc(opts, doc, console)
 
 
-def _model_spec(model: Any) -> str:
+def _model_spec(model: object) -> str:
     from tuner.models import object_spec
 
     return model if isinstance(model, str) else object_spec(model)
 
 
-def _object_of(doc: dict[str, Any]) -> str | None:
+def _object_of(doc: Mapping[str, object]) -> str | None:
     """The document's model when it is an object this process was given (``object:Name``)."""
     from tuner.models import OBJECT_PREFIX
 
@@ -346,7 +349,7 @@ def _stop_as_interrupted(what: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _quiet(console: Any, quiet: bool) -> Iterator[None]:
+def _quiet(console: Console, quiet: bool) -> Iterator[None]:
     before = console.quiet
     console.quiet = quiet or before
     try:

@@ -74,7 +74,11 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage, RDBStorage
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +144,7 @@ def stoppable_graph(should_stop: Callable[[], bool]) -> Any:
     return _stoppable_class(tf.Graph)(should_stop)
 
 
-def stop_checks(graph: Any) -> None:
+def stop_checks(graph: object) -> None:
     """Stop asking a :func:`stoppable_graph`'s ``should_stop`` (its build is over); nothing for another graph."""
     stop = getattr(graph, "stop_checks", None)
     if stop is not None:
@@ -164,7 +168,7 @@ def set_int_attr(op: Any, name: str, value: int) -> None:
     getattr(op, SET_ATTR)(name, attr_value_pb2.AttrValue(i=value))
 
 
-def set_tensor_attr(op: Any, name: str, value: Any) -> None:
+def set_tensor_attr(op: Any, name: str, value: object) -> None:
     """Set the tensor attribute ``name`` of graph op ``op`` (a Const's ``value``) to array ``value``
     (check :func:`can_set_attrs` first)."""
     import tensorflow as tf
@@ -173,7 +177,7 @@ def set_tensor_attr(op: Any, name: str, value: Any) -> None:
     getattr(op, SET_ATTR)(name, attr_value_pb2.AttrValue(tensor=tf.make_tensor_proto(value)))
 
 
-def is_enqueued(trial: Any) -> bool:
+def is_enqueued(trial: optuna.trial.Trial) -> bool:
     """Whether Optuna ``trial`` was enqueued (``study.enqueue_trial``): its params were fixed, not sampled.
 
     Fails open: when Optuna's storage internals cannot be read, True (the caller then treats the
@@ -241,7 +245,7 @@ def _keep_loopback(resolve: Callable[[str], str]) -> Callable[[str], str]:
     return keep
 
 
-def save_trial_note(study: Any, number: int, body: str, version: int) -> bool:
+def save_trial_note(study: optuna.Study, number: int, body: str, version: int) -> bool:
     """Save ``body`` (Markdown, at most one chunk: 2045 characters) as optuna-dashboard's note of trial
     ``number`` of ``study``, at note ``version`` (1, 2, ...: the dashboard's editor refuses to save
     over a newer version); False if it could not.
@@ -296,14 +300,14 @@ def ray_processes_in_own_group() -> None:
     class OwnGroupPopen(popen):  # type: ignore[misc, valid-type]
         _tuner_own_group = True
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
+        def __init__(self, *args: object, **kwargs: object) -> None:
             kwargs.setdefault("process_group", 0)
             super().__init__(*args, **kwargs)
 
     setattr(services, "ConsolePopen", OwnGroupPopen)  # noqa: B010  (a module attribute Ray reads at call time)
 
 
-def tell_pruned_without_value(study: Any, number: int) -> bool:
+def tell_pruned_without_value(study: optuna.Study, number: int) -> bool:
     """Tell trial ``number`` of ``study`` PRUNED with no value, as ``study.tell`` would but without
     copying its last intermediate value into its value; False (nothing told) if Optuna's private
     storage API is not there, so that the caller tells it through ``study.tell``.
@@ -331,13 +335,13 @@ def tell_pruned_without_value(study: Any, number: int) -> bool:
     return True
 
 
-def _storage_of(study: Any) -> tuple[Any, int]:
+def _storage_of(study: optuna.Study) -> tuple[BaseStorage, int]:
     """Optuna ``study``'s storage and its id in it (``Study._storage``, ``Study._study_id``); AttributeError
     when an Optuna keeps them elsewhere."""
     return study._storage, study._study_id
 
 
-def trial_id(trial: Any) -> int | None:
+def trial_id(trial: optuna.trial.Trial | optuna.trial.FrozenTrial) -> int | None:
     """The storage's id of Optuna ``trial`` (a ``Trial`` or a ``FrozenTrial``: ``_trial_id``); None,
     said at debug level, when an Optuna keeps it elsewhere (:func:`record_heartbeat` then does nothing)."""
     try:
@@ -347,7 +351,7 @@ def trial_id(trial: Any) -> int | None:
         return None
 
 
-def record_heartbeat(study: Any, trial_id: int | None) -> bool:
+def record_heartbeat(study: optuna.Study, trial_id: int | None) -> bool:
     """Record a heartbeat of the trial with storage id ``trial_id`` (``Study._storage.record_heartbeat``:
     Optuna records heartbeats itself only inside ``Study.optimize``); False if it could not.
 
@@ -359,7 +363,8 @@ def record_heartbeat(study: Any, trial_id: int | None) -> bool:
     if trial_id is None:
         return False
     try:
-        beat = study._storage.record_heartbeat
+        storage: Any = study._storage  # its heartbeat is no part of BaseStorage: RDBStorage's, under Optuna's cache
+        beat = storage.record_heartbeat
     except AttributeError as exc:
         log.debug("no heartbeat for trial id %d (%s): a killed launch's trials stay RUNNING", trial_id, exc)
         return False
@@ -367,7 +372,7 @@ def record_heartbeat(study: Any, trial_id: int | None) -> bool:
     return True
 
 
-def frozen_trial(study: Any, number: int) -> Any:
+def frozen_trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
     """Trial ``number`` of ``study`` (a ``FrozenTrial``), read alone from the storage.
 
     ``study.trials`` reads every trial of the study, so a caller that wants one trial per trial told
@@ -383,7 +388,7 @@ def frozen_trial(study: Any, number: int) -> Any:
     return read(find(study_id, number))
 
 
-def fail_trial(study: Any, trial: Any, attrs: Mapping[str, Any] | None = None) -> bool:
+def fail_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial, attrs: Mapping[str, object] | None = None) -> bool:
     """Mark running trial ``trial`` (a ``FrozenTrial`` of ``study``) FAIL, with user ``attrs`` if
     given, straight in the storage: no sampler hears of it, as when Optuna fails a stale trial
     (``fail_stale_trials``). Returns whether the storage changed its state.
@@ -413,7 +418,7 @@ def fail_trial(study: Any, trial: Any, attrs: Mapping[str, Any] | None = None) -
     return bool(set_state(tid, fail))
 
 
-def cached_trial(trial: Any) -> Any:
+def cached_trial(trial: optuna.trial.Trial) -> optuna.trial.FrozenTrial | None:
     """Optuna ``trial``'s own copy of itself (``Trial._cached_frozen_trial``, a ``FrozenTrial``): what
     ``Trial.should_prune`` hands the pruner and ``Trial.report`` adds each value to; None, said at
     debug level, when an Optuna keeps none there."""
@@ -423,7 +428,7 @@ def cached_trial(trial: Any) -> Any:
     return cached
 
 
-def _rdb_of(storage: Any) -> Any:
+def _rdb_of(storage: BaseStorage) -> RDBStorage | None:
     """The ``RDBStorage`` behind Optuna ``storage`` (``_CachedStorage._backend`` wraps it), or None."""
     import optuna
 
@@ -431,7 +436,7 @@ def _rdb_of(storage: Any) -> Any:
     return backend if isinstance(backend, optuna.storages.RDBStorage) else None
 
 
-def insert_intermediate_values(pending: Sequence[tuple[Any, Mapping[int, float]]]) -> bool:
+def insert_intermediate_values(pending: Sequence[tuple[optuna.trial.Trial, Mapping[int, float]]]) -> bool:
     """Write the intermediate values of several running trials of one study in one transaction:
     ``pending`` holds (an Optuna ``Trial``, step -> value) pairs. False, with nothing written, where
     it cannot: the caller then reports them through ``Trial.report``, one transaction per value.
@@ -451,8 +456,8 @@ def insert_intermediate_values(pending: Sequence[tuple[Any, Mapping[int, float]]
     backend = _rdb_of(pending[0][0].study._storage)
     if backend is None:
         return False  # not an RDB: Trial.report is the way, nothing went wrong
-    owns = [cached_trial(trial) for trial, _ in pending]
-    if any(own is None for own in owns):
+    owns = [own for trial, _ in pending if (own := cached_trial(trial)) is not None]
+    if len(owns) < len(pending):
         return False
     try:
         _insert_rows(backend, {trial._trial_id: values for trial, values in pending})
@@ -465,7 +470,7 @@ def insert_intermediate_values(pending: Sequence[tuple[Any, Mapping[int, float]]
     return True
 
 
-def _insert_rows(backend: Any, pending: Mapping[int, Mapping[int, float]]) -> None:
+def _insert_rows(backend: RDBStorage, pending: Mapping[int, Mapping[int, float]]) -> None:
     """Insert the values of running trials (trial id -> step -> value) in one transaction (steps they
     already hold are kept)."""
     import optuna
@@ -490,7 +495,7 @@ def _insert_rows(backend: Any, pending: Mapping[int, Mapping[int, float]]) -> No
         session.add_all(rows)
 
 
-def delete_intermediate_values_from(trial: Any, step: int) -> bool:
+def delete_intermediate_values_from(trial: optuna.trial.Trial, step: int) -> bool:
     """Delete Optuna ``trial``'s intermediate values from ``step`` on, in its storage and in its own
     copy (:func:`cached_trial`); False, with nothing deleted, where it cannot (said at debug level).
 
@@ -511,7 +516,7 @@ def delete_intermediate_values_from(trial: Any, step: int) -> bool:
     return True
 
 
-def _delete_stored(trial: Any, step: int) -> None:
+def _delete_stored(trial: optuna.trial.Trial, step: int) -> None:
     """Delete ``trial``'s stored values from ``step`` on (RDB or in-memory storage; else raise)."""
     import optuna
 

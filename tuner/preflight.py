@@ -25,13 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tuner.errors import DataError
 from tuner.models.base import Dataset, has_label
 from tuner.records import Skip
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
+
+    from tuner.models.base import Knob, Model
 
 SHOWN = 10  # indices shown per finding
 FED_AS = np.dtype(np.float32)  # what a floating array becomes when fed, unless its placeholder says otherwise
@@ -75,7 +80,7 @@ class PreflightReport:
         return "\n".join([header, *(f"  {f.line()}" for f in self.findings)])
 
 
-def check_data(data: Dataset, dtypes: Sequence[Any] | None = None) -> PreflightReport:
+def check_data(data: Dataset, dtypes: Sequence[DTypeLike] | None = None) -> PreflightReport:
     """Check both splits of ``data`` (see the module docs), as fed to placeholders of ``dtypes``
     (one per array; None: float32 for every floating array)."""
     findings = [
@@ -85,7 +90,7 @@ def check_data(data: Dataset, dtypes: Sequence[Any] | None = None) -> PreflightR
     return PreflightReport(tuple(findings), {"train": len(data.train[0]), "val": len(data.val[0])})
 
 
-def preflight(model: Any, knobs: Mapping[str, Any], name: str, allow_bad: bool) -> tuple[Skip, str]:
+def preflight(model: Model, knobs: Mapping[str, object], name: str, allow_bad: bool) -> tuple[Skip, str]:
     """Check the model's data; return the samples to skip and a line saying what was skipped.
 
     Raises:
@@ -107,7 +112,7 @@ def preflight(model: Any, knobs: Mapping[str, Any], name: str, allow_bad: bool) 
     return skip, f"{report.text(name)}\n{line}"
 
 
-def data_knobs(model_knobs: Mapping[str, Any], fixed: Mapping[str, Any]) -> dict[str, Any]:
+def data_knobs(model_knobs: Mapping[str, Knob], fixed: Mapping[str, object]) -> dict[str, object]:
     """The knobs the preflight builds the data with: the space's fixed values, else the defaults."""
     return {name: fixed.get(name, knob.default) for name, knob in model_knobs.items()}
 
@@ -122,7 +127,7 @@ def without(data: Dataset, skip: Skip) -> tuple[Dataset, np.ndarray | None]:
     return trimmed, kept
 
 
-def as_fed(array: np.ndarray, dtype: Any = None) -> np.ndarray:
+def as_fed(array: np.ndarray, dtype: DTypeLike | None = None) -> np.ndarray:
     """``array`` as a placeholder of ``dtype`` gets it (None: float32 if floating); NaN/Inf where it overflows."""
     array = np.asarray(array)
     target = np.dtype(dtype) if dtype is not None else FED_AS
@@ -152,7 +157,7 @@ def overflow(array: np.ndarray, fed: np.ndarray) -> tuple[np.ndarray, int, str]:
 
 
 def _check_split(
-    split: str, arrays: Sequence[np.ndarray], data: Dataset, dtypes: Sequence[Any] | None
+    split: str, arrays: Sequence[np.ndarray], data: Dataset, dtypes: Sequence[DTypeLike] | None
 ) -> list[Finding]:
     stored = [np.asarray(a) for a in arrays]
     fed = [as_fed(a, dtypes[i] if dtypes is not None else None) for i, a in enumerate(stored)]

@@ -99,7 +99,7 @@ class TrainConfig:
                 raise ValueError(f"{k.name} {value!r}: expected one of {list(k.knob.choices)}")
 
     @classmethod
-    def from_flat(cls, values: Mapping[str, Any]) -> TrainConfig:
+    def from_flat(cls, values: Mapping[str, object]) -> TrainConfig:
         """A TrainConfig from one flat mapping of knob values (the inverse of :meth:`flat`).
 
         Tuner's knobs left out take their defaults; a null one takes its table's ``null`` (a null

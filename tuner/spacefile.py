@@ -31,7 +31,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from tuner.models.base import Knob
 
@@ -47,12 +47,12 @@ def _problem(text: str) -> PydanticCustomError:
     return PydanticCustomError("space", "{text}", {"text": text})
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     """``repr(value)``, cut short (a YAML int may have hundreds of digits)."""
     return reprlib.repr(value)
 
 
-def _number(value: Any) -> Any:
+def _number(value: object) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and not math.isfinite(value)):
         raise _problem(f"expected a number, got {_shown(value)}")
@@ -76,7 +76,7 @@ class _Spec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _keys(cls, data: Any) -> Any:
+    def _keys(cls, data: object) -> object:
         if isinstance(data, dict) and set(data) - set(cls.KEYS):
             raise _problem(f"unknown or mixed keys {sorted(map(str, data))}; use {'/'.join(RANGE_KEYS)} "
                            "for a range or choices for a list")
@@ -94,14 +94,14 @@ class RangeSpec(_Spec):
 
     @model_validator(mode="before")
     @classmethod
-    def _kind(cls, data: Any) -> Any:
+    def _kind(cls, data: object) -> object:
         if cls.knob.kind not in ("float", "int"):
             raise _problem(f"a {cls.knob.kind} knob takes choices, not a range (valid: {cls.knob.describe()})")
         return data
 
     @field_validator("low", "high")
     @classmethod
-    def _valid(cls, value: Any) -> Any:
+    def _valid(cls, value: int | float) -> int | float:
         problem = cls.knob.problem(value)
         if problem:
             raise _problem(f"{_shown(value)}: {problem} (valid: {cls.knob.describe()})")
@@ -127,7 +127,7 @@ class ChoiceSpec(_Spec):
     """``{choices: [...]}``: a list of values, each valid for the knob."""
 
     KEYS = CHOICE_KEYS
-    choices: list[Any] = Field(min_length=1)
+    choices: list[object] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _valid(self) -> Self:
@@ -138,14 +138,14 @@ class ChoiceSpec(_Spec):
         return self
 
 
-def _fixed(knob: Knob, value: Any) -> Any:
+def _fixed(knob: Knob, value: object) -> object:
     problem = knob.problem(value)
     if problem:
         raise _problem(f"fixed value {_shown(value)}: {problem} (valid: {knob.describe()})")
     return value
 
 
-def _tag(spec: Any) -> str:
+def _tag(spec: object) -> str:
     if isinstance(spec, dict):
         return "choices" if "choices" in spec else "range"
     return "fixed"
@@ -158,7 +158,7 @@ class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     NAMES: ClassVar[dict[str, str]]  # field -> knob name
 
-    def specs(self) -> dict[str, Any]:
+    def specs(self) -> dict[str, object]:
         """Knob name -> its validated entry (a RangeSpec, a ChoiceSpec or a fixed value), as given."""
         return {self.NAMES[f]: getattr(self, f) for f in self.model_fields_set}
 
@@ -167,24 +167,24 @@ class SpaceFile(BaseModel):
     """The top level of a space file (``params`` is added per set of knobs)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    model: Any = None
-    description: Any = None
+    model: object = None
+    description: object = None
 
     @field_validator("model", mode="before")
     @classmethod
-    def _same_model(cls, value: Any, info: ValidationInfo) -> Any:
+    def _same_model(cls, value: object, info: ValidationInfo) -> object:
         launched = (info.context or {}).get("model")
         if value is not None and value != launched:
             raise _problem(f"the space is for {_shown(value)} but the launch uses {launched!r}")
         return value
 
 
-def _entry(name: str, knob: Knob) -> Any:
+def _entry(name: str, knob: Knob) -> object:
     """The type of knob ``name``'s entry: a range, choices or a fixed value, told apart by :func:`_tag`."""
     return Annotated[
         Annotated[RangeSpec.of(name, knob), Tag("range")]
         | Annotated[ChoiceSpec.of(name, knob), Tag("choices")]
-        | Annotated[Any, AfterValidator(functools.partial(_fixed, knob)), Tag("fixed")],
+        | Annotated[object, AfterValidator(functools.partial(_fixed, knob)), Tag("fixed")],
         Discriminator(_tag),
     ]
 
@@ -229,7 +229,7 @@ def _path(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
     return loc
 
 
-def _message(error: Any, loc: tuple[int | str, ...], model: str, knobs: Mapping[str, Knob]) -> str:
+def _message(error: ErrorDetails, loc: tuple[int | str, ...], model: str, knobs: Mapping[str, Knob]) -> str:
     """Pydantic's message for ``error``, in the words of a space file."""
     kind, value = error["type"], error.get("input")
     if kind == "extra_forbidden" and len(loc) == 2:

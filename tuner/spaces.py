@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -37,6 +37,9 @@ from tuner.knobs import TUNER_KNOBS
 from tuner.models.base import Knob
 from tuner.records import TrainConfig
 from tuner.spacefile import ChoiceSpec, RangeSpec, problems, space_file_model
+
+if TYPE_CHECKING:
+    import optuna
 
 __all__ = ["TUNER_KNOBS", "Param", "SearchSpace", "config_from_flat", "default_space", "load_space", "space_from"]
 
@@ -55,7 +58,7 @@ class Param:
     fixed: bool = False
     value: Any = None
 
-    def suggest(self, trial: Any) -> Any:
+    def suggest(self, trial: optuna.trial.Trial) -> object:
         """The value of this knob for an Optuna trial (fixed values are not suggested)."""
         if self.fixed:
             return self.value
@@ -78,11 +81,11 @@ class SearchSpace:
     model: str
     params: Mapping[str, Param]
 
-    def suggest(self, trial: Any) -> TrainConfig:
+    def suggest(self, trial: optuna.trial.Trial) -> TrainConfig:
         """Ask Optuna for one point of the space."""
         return self.config({name: p.suggest(trial) for name, p in self.params.items()})
 
-    def config(self, values: Mapping[str, Any]) -> TrainConfig:
+    def config(self, values: Mapping[str, object]) -> TrainConfig:
         """Turn one value per knob into a TrainConfig (null L2 weight means 0)."""
         return config_from_flat(values)
 
@@ -91,7 +94,7 @@ class SearchSpace:
         return [name for name, p in self.params.items() if not p.fixed]
 
 
-def config_from_flat(values: Mapping[str, Any]) -> TrainConfig:
+def config_from_flat(values: Mapping[str, object]) -> TrainConfig:
     """A TrainConfig from one flat mapping of knob values (tuner's knobs default when left out)."""
     return TrainConfig.from_flat(values)
 
@@ -107,7 +110,7 @@ def load_space(path: str | Path, model: str, knobs: Mapping[str, Knob]) -> Searc
 
 
 def space_from(
-    params: Mapping[str, Any], model: str, knobs: Mapping[str, Knob], where: str
+    params: Mapping[str, object], model: str, knobs: Mapping[str, Knob], where: str
 ) -> SearchSpace:
     """Validate ``params`` (knob name -> spec) and fill the knobs left out with their defaults."""
     return _validated({"params": params}, model, knobs, where)
@@ -115,7 +118,7 @@ def space_from(
 
 def default_space(model: str, knobs: Mapping[str, Knob]) -> SearchSpace:
     """A space from the knobs' own ranges, for a model that ships no space file."""
-    params: dict[str, Any] = {"learning_rate": {"low": 1e-5, "high": 1e-1, "log": True}}
+    params: dict[str, object] = {"learning_rate": {"low": 1e-5, "high": 1e-1, "log": True}}
     for name, knob in knobs.items():
         if knob.kind == "categorical":
             params[name] = {"choices": list(knob.choices)}
@@ -127,7 +130,7 @@ def default_space(model: str, knobs: Mapping[str, Knob]) -> SearchSpace:
     return space_from(params, model, knobs, f"<knob ranges of {model}>")
 
 
-def _validated(doc: Any, model: str, knobs: Mapping[str, Knob], where: str) -> SearchSpace:
+def _validated(doc: object, model: str, knobs: Mapping[str, Knob], where: str) -> SearchSpace:
     """A space document validated by its pydantic model (``tuner.spacefile``) into a SearchSpace."""
     all_knobs = {**TUNER_KNOBS, **knobs}
     schema = space_file_model(all_knobs)
@@ -142,7 +145,7 @@ def _validated(doc: Any, model: str, knobs: Mapping[str, Knob], where: str) -> S
                                for name, knob in all_knobs.items()})
 
 
-def _param(name: str, knob: Knob, spec: Any) -> Param:
+def _param(name: str, knob: Knob, spec: object) -> Param:
     """One knob's validated entry as a Param: a range, a list of choices, or a fixed value."""
     if isinstance(spec, RangeSpec):
         return Param(name, knob, low=spec.low, high=spec.high, log=spec.log, nullable=spec.nullable)

@@ -19,10 +19,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuner.errors import ClusterError
 from tuner.records import RunRecord, RunSpec, RunStatus
+
+if TYPE_CHECKING:
+    from tuner.driver.executor import ClusterConfig, RayExecutor
 
 log = logging.getLogger(__name__)
 CHECK_EVERY = 2.0  # seconds between two looks at the cluster while runs are in flight
@@ -37,7 +40,7 @@ class CapacityLost(ClusterError):
 class Watched:
     """An executor (``tuner.driver.outcome.Executor``) whose runs never wait forever for a node (module docs)."""
 
-    def __init__(self, make: Callable[[], Any], address: str | None, timeout: float,
+    def __init__(self, make: Callable[[], RayExecutor], address: str | None, timeout: float,
                  say: Callable[[str], None] = print) -> None:
         self._make, self.address, self.timeout, self.say = make, address, timeout, say
         self.inner = make()
@@ -52,7 +55,7 @@ class Watched:
         return int(self.inner.slots)
 
     @property
-    def workers(self) -> dict[int, dict[str, Any]]:
+    def workers(self) -> dict[int, dict[str, object]]:
         return dict(self.inner.workers)
 
     def free(self) -> int:
@@ -132,7 +135,7 @@ class Watched:
         return failed
 
 
-def can_host(config: Any) -> bool:
+def can_host(config: ClusterConfig) -> bool:
     """Whether an alive node of the connected cluster has the resources of one seed run."""
     import ray
 

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuner.driver.trialrecord import ATTR, Counts, TrialRecord, study_records
 from tuner.driver.views import best_yaml, seeds_text, status_text, steps_text
 from tuner.hooks import save_trial_note
-from tuner.records import TrialOutcome, TrialState
+from tuner.records import RunRecord, TrialOutcome, TrialState
+
+if TYPE_CHECKING:
+    import optuna
 
 log = logging.getLogger(__name__)
 MAX_CHARS = 2045  # one chunk of optuna-dashboard's note format (tuner.hooks.save_trial_note)
@@ -76,16 +79,16 @@ def headline(record: TrialRecord) -> str:
 class Notes:
     """Writes each trial's note when the search tells it (see the module docs)."""
 
-    def __init__(self, study: Any) -> None:
+    def __init__(self, study: optuna.Study) -> None:
         self.study = study
 
-    def on_trial_start(self, *args: Any) -> None:
+    def on_trial_start(self, *args: object) -> None:
         """Nothing to note yet."""
 
-    def on_trial_result(self, record: Any) -> None:
+    def on_trial_result(self, record: RunRecord) -> None:
         """Nothing to note per record."""
 
-    def on_phase_start(self, *args: Any) -> None:
+    def on_phase_start(self, *args: object) -> None:
         """Nothing to note."""
 
     def on_phase_end(self, outcome: TrialOutcome) -> None:
@@ -96,7 +99,7 @@ class Notes:
         save_trial_note(self.study, outcome.number, note(record), version=1)
 
 
-def refresh(study: Any) -> None:
+def refresh(study: optuna.Study) -> None:
     """Write the notes of the study's verified trials again, with what the study learned of them
     since they were told (verification, margin, the choice), and the study's note."""
     records = study_records(study)
@@ -151,14 +154,14 @@ def exported_line(records: Sequence[TrialRecord], best: int | None) -> str:
     return text
 
 
-def hold_place(study: Any) -> None:
+def hold_place(study: optuna.Study) -> None:
     """Write :data:`EXPORTED_ATTR` first on a new study: optuna-dashboard lists the study's user
     attrs in the order they were first written, 5 to a page, so the export's line is on the first
     (a later write changes the value, not the place)."""
     study.set_user_attr(EXPORTED_ATTR, "none yet: the study has no answer until a launch ends")
 
 
-def save_study_note(study: Any, records: Sequence[TrialRecord]) -> bool:
+def save_study_note(study: optuna.Study, records: Sequence[TrialRecord]) -> bool:
     """Write :func:`study_note` as optuna-dashboard's study note, keeping a note the user wrote below
     it, and :func:`exported_line` as the study's :data:`EXPORTED_ATTR` attribute; False without
     optuna-dashboard or without an incumbent."""

@@ -36,10 +36,13 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuner.driver.evidence import MARGIN_FACTORS
 from tuner.records import Phase, RunRecord, RunStatus, TrialOutcome, TrialState
+
+if TYPE_CHECKING:
+    from tuner.config import LaunchConfig
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class Work:
     slots: int = 1
 
     @classmethod
-    def of_launch(cls, config: Any, trials: int, slots: int) -> Work:
+    def of_launch(cls, config: LaunchConfig, trials: int, slots: int) -> Work:
         """The work of a launch (``config``: its ``tuner.config.LaunchConfig``) that runs ``trials`` trials."""
         return cls(trials=trials, steps=config.steps, seeds=config.seeds, race_seeds=config.race_seeds,
                    verify_seeds=config.verify_seeds, verify_steps=config.verification_steps,

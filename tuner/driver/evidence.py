@@ -152,7 +152,7 @@ class Verification:
         return (f"survived {self.survived}/{self.runs} (rate {self.rate:.2f}, "
                 f"95% lower bound {self.rate_low:.2f})")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The ``stability.verified`` mapping of best_config.yaml (and what the study stores)."""
         return {
             "seeds": list(self.seeds), "steps": self.steps, "survived": self.survived, "runs": self.runs,
@@ -210,7 +210,7 @@ class Margin:
         capped = [init if v is None else min(v, init) for v in losses]
         return sum(capped) / len(capped) - min(v for v in losses if v is not None)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The ``stability.margin`` mapping of best_config.yaml."""
         sensitivity = self.lr_sensitivity
         return {

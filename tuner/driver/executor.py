@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tuner import environ
 
@@ -37,6 +37,12 @@ from tuner.hooks import ray_processes_in_own_group as _own_group  # noqa: E402  
 from tuner.hooks import stop_ray_monitor as _stop_monitor  # noqa: E402  (a private-API hook)
 from tuner.records import RunRecord, RunSpec, RunStatus  # noqa: E402
 from tuner.worker.actor import GRAPHS_KEPT, TrialWorker  # noqa: E402
+
+if TYPE_CHECKING:
+    from ray import ObjectRefGenerator as Run  # one run's stream of records, from its worker's ``run``
+    from ray.actor import ActorHandle
+
+    Worker = ActorHandle[TrialWorker]  # a worker actor
 
 log = logging.getLogger(__name__)
 _DEATH = (RayActorError, WorkerCrashedError)
@@ -90,7 +96,7 @@ class ClusterConfig:
     max_retries: int = 2
     num_cpus: int | None = None
     num_gpus: int | None = None
-    runtime_env: dict[str, Any] = field(default_factory=dict)
+    runtime_env: dict[str, object] = field(default_factory=dict)
     graph_reuse: bool = True
     run_timeout: float | None = None
 
@@ -103,18 +109,19 @@ class RayExecutor:
         self.config = config
         self._embedded = _connect(config)  # None: joined a cluster that someone else owns
         self.slots = _slots(config)
+        # Ray types what an actor class's ``remote`` returns as a union with the class itself
         self._actor_class: Any = ray.remote(TrialWorker).options(
             num_cpus=config.cpus_per_trial, num_gpus=config.gpus_per_trial,
             max_restarts=0, max_task_retries=0,
         )
-        self._starting: dict[Any, Any] = {}  # ready() ref -> actor still importing TF
-        self._idle: list[Any] = []
-        self._graphs: dict[Any, deque[tuple[str, str]]] = {}  # actor -> graph keys it keeps, oldest first
+        self._starting: dict[ray.ObjectRef[dict[str, object]], Worker] = {}  # ready() ref -> actor importing TF
+        self._idle: list[Worker] = []
+        self._graphs: dict[Worker, deque[tuple[str, str]]] = {}  # actor -> graph keys it keeps, oldest first
         self._queue: deque[RunSpec] = deque()
-        self._running: dict[Any, tuple[RunSpec, Any]] = {}  # generator -> (spec, actor)
-        self._last: dict[Any, RunRecord] = {}  # generator -> its latest progress record
+        self._running: dict[Run, tuple[RunSpec, Worker]] = {}  # generator -> (spec, actor)
+        self._last: dict[Run, RunRecord] = {}  # generator -> its latest progress record
         self._out: list[RunRecord] = []  # records made here (cancelled, failed) for the next poll
-        self.workers: dict[int, dict[str, Any]] = {}  # worker pid -> where it runs
+        self.workers: dict[int, dict[str, object]] = {}  # worker pid -> where it runs
         self._watchdog = Watchdog(config.run_timeout)  # runs silent past their deadline are ended
         for _ in range(self.slots):
             self._start_actor()
@@ -174,7 +181,7 @@ class RayExecutor:
 
     def _start_actor(self) -> None:
         actor = self._actor_class.remote(self.config.graph_reuse)
-        self._starting[actor.ready.remote()] = actor
+        self._starting[_ready(actor)] = actor
 
     def _dispatch(self) -> None:
         """Start queued runs on idle workers, a run preferably where its model config's graph is kept."""
@@ -187,12 +194,12 @@ class RayExecutor:
             if key in kept:
                 kept.remove(key)
             kept.append(key)
-            gen = actor.run.options(num_returns="streaming").remote(spec)
+            gen = _run(actor, spec)
             self._running[gen] = (spec, actor)
             self._watchdog.started(gen)
             _tell("dispatched", spec)
 
-    def _match(self) -> tuple[Any, RunSpec]:
+    def _match(self) -> tuple[Worker, RunSpec]:
         """An idle worker and a queued run whose graph it keeps; else the last idle one and the oldest run."""
         if self.config.graph_reuse:
             for spec in self._queue:
@@ -202,24 +209,24 @@ class RayExecutor:
                         return actor, spec
         return self._idle[-1], self._queue[0]
 
-    def _take(self, item: Any) -> None:
+    def _take(self, item: ray.ObjectRef[dict[str, object]] | Run) -> None:
         if item in self._starting:
             self._actor_started(item)
         elif item in self._running:
             self._next_record(item)
 
-    def _actor_started(self, ref: Any) -> None:
+    def _actor_started(self, ref: ray.ObjectRef[dict[str, object]]) -> None:
         actor = self._starting.pop(ref)
         try:
             where = ray.get(ref)
         except _DEATH as exc:
             log.warning("a worker died while starting: %s", exc)
             return
-        self.workers[where["pid"]] = where
+        self.workers[cast(int, where["pid"])] = where
         self._idle.append(actor)
         _tell("worker_ready")
 
-    def _next_record(self, gen: Any) -> None:
+    def _next_record(self, gen: Run) -> None:
         spec = self._running[gen][0]
         try:
             record = ray.get(next(gen))
@@ -240,14 +247,14 @@ class RayExecutor:
             self._last[gen] = record
             self._watchdog.heard(gen, record.step, diverged=record.status is RunStatus.DIVERGED)
 
-    def _release(self, gen: Any) -> RunRecord | None:
+    def _release(self, gen: Run) -> RunRecord | None:
         """Free the run's worker; return the run's latest progress record."""
         self._watchdog.forget(gen)
         _, actor = self._running.pop(gen)
         self._idle.append(actor)
         return self._last.pop(gen, None)
 
-    def _worker_lost(self, gen: Any, reason: str) -> None:
+    def _worker_lost(self, gen: Run, reason: str) -> None:
         """Replace the dead worker; retry its run, or fail it after ``max_retries`` retries."""
         spec, _, last = self._replace_worker(gen)
         if spec.attempt < self.config.max_retries:
@@ -258,14 +265,14 @@ class RayExecutor:
             self._out.append(_ended(spec, RunStatus.FAILED, detail, last))
 
 
-    def _time_out(self, gen: Any, reason: str) -> None:
+    def _time_out(self, gen: Run, reason: str) -> None:
         """End a run silent past its deadline (tuner.driver.watchdog): kill its worker, start another,
         FAIL the run with ``reason``. Not retried: the same config would hang again."""
         spec, _, last = self._replace_worker(gen)
         log.warning("trial %d seed %d: %s: its worker was killed", spec.trial, spec.seed, reason)
         self._out.append(_ended(spec, RunStatus.FAILED, reason, last))
 
-    def _replace_worker(self, gen: Any) -> tuple[RunSpec, Any, RunRecord | None]:
+    def _replace_worker(self, gen: Run) -> tuple[RunSpec, Worker, RunRecord | None]:
         """Kill the worker of run ``gen`` and start another; the run's spec, worker and latest record."""
         self._watchdog.forget(gen)
         spec, actor = self._running.pop(gen)
@@ -274,6 +281,17 @@ class RayExecutor:
         self._graphs.pop(actor, None)
         self._start_actor()
         return spec, actor, last
+
+
+def _ready(actor: Worker) -> ray.ObjectRef[dict[str, object]]:
+    """Ask a new worker where it runs: the ref is ready once it has imported TensorFlow. (Ray types an
+    actor's methods as ``Never``: the calls are made here, so that mypy checks the code around them.)"""
+    return actor.ready.remote()
+
+
+def _run(actor: Worker, spec: RunSpec) -> Run:
+    """Start ``spec`` on ``actor``; its records stream back, one ref each."""
+    return actor.run.options(num_returns="streaming").remote(spec)
 
 
 def graph_key(spec: RunSpec) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import optuna
 import yaml
@@ -32,6 +32,9 @@ from tuner.errors import NoTrialFinished
 from tuner.records import TrialState
 from tuner.spaces import TUNER_KNOBS
 
+if TYPE_CHECKING:
+    from tuner.driver.evidence import Verification
+
 _ORDER = ("learning_rate", "clip_norm", "l2_weight", "max_iter")
 
 
@@ -43,7 +46,7 @@ def best_trial(study: optuna.Study) -> tuple[TrialRecord, str] | None:
 
 
 def best_config(study: optuna.Study, storage: str, steps: int, model: str | None = None,
-                runs: Mapping[int, str] | None = None) -> dict[str, Any]:
+                runs: Mapping[int, str] | None = None) -> dict[str, object]:
     """The content of best_config.yaml for ``study`` (see the module docs).
 
     ``runs`` maps a trial number to its MLflow run id (``tuner.driver.mlflow_runs``: the search
@@ -57,7 +60,7 @@ def best_config(study: optuna.Study, storage: str, steps: int, model: str | None
         raise NoTrialFinished(all_failed_message(study))
     trial, rule = found
     diverged = trial.state is not TrialState.SURVIVED
-    stability: dict[str, Any] = {
+    stability: dict[str, object] = {
         "steps": trial.steps or steps,
         "seeds": list(trial.seed_numbers),
         "steps_survived": list(trial.steps_survived),
@@ -74,20 +77,17 @@ def best_config(study: optuna.Study, storage: str, steps: int, model: str | None
         stability["divergence_step"] = trial.divergence_step
         stability["diverged_on"] = trial.diverged_on
         stability["seed_status"] = [s.text() for s in trial.seeds]
-    doc: dict[str, Any] = {
-        "config": ordered_config(dict(trial.config)),
-        "stability": stability,
-        "study": {
-            "name": study.study_name,
-            "model": model,
-            "storage": redact(storage),
-            "trial": trial.number,
-            "mlflow_run_id": trial.run_id or (runs or {}).get(trial.number),
-        },
+    where: dict[str, object] = {
+        "name": study.study_name,
+        "model": model,
+        "storage": redact(storage),
+        "trial": trial.number,
+        "mlflow_run_id": trial.run_id or (runs or {}).get(trial.number),
     }
+    doc: dict[str, object] = {"config": ordered_config(dict(trial.config)), "stability": stability, "study": where}
     budgets = (studyrecord.owner(study) or {}).get("steps") or []
     if len(budgets) > 1:  # continued with --allow-steps-change
-        doc["study"]["searched_at_steps"] = budgets
+        where["searched_at_steps"] = budgets
     note = _note(diverged, trial.learned, trial.verification)
     if note:
         doc["note"] = note
@@ -112,13 +112,13 @@ def _reason(trial: optuna.trial.FrozenTrial) -> str:
     return " ".join(str(reason).split())[:160]
 
 
-def is_success(doc: dict[str, Any]) -> bool:
+def is_success(doc: Mapping[str, object]) -> bool:
     """Whether best_config.yaml claims a stable config: it survived, learned, and (if verified)
     met the bar."""
     return BestConfig.of(doc).trusted
 
 
-def _note(diverged: bool, learned: bool | None, verified: Any) -> str:
+def _note(diverged: bool, learned: bool | None, verified: Verification | None) -> str:
     if diverged:
         return ("No trial survived the budget on every seed: this is the longest-surviving config. "
                 "Narrow the search space (lower learning rates, clipping, fewer iterations) and launch again.")
@@ -135,7 +135,7 @@ def _note(diverged: bool, learned: bool | None, verified: Any) -> str:
     return ""
 
 
-def ordered_config(config: dict[str, Any]) -> dict[str, Any]:
+def ordered_config(config: Mapping[str, object]) -> dict[str, object]:
     """Tuner's headline knobs first, then the model's knobs, then the other tuner knobs."""
     head = {k: config[k] for k in _ORDER if k in config}
     model_knobs = {k: v for k, v in config.items() if k not in head and k not in TUNER_KNOBS}
@@ -143,7 +143,7 @@ def ordered_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**head, **model_knobs, **rest}
 
 
-def write_best(path: str | Path, doc: dict[str, Any]) -> None:
+def write_best(path: str | Path, doc: Mapping[str, object]) -> None:
     """Write ``doc`` as YAML (key order kept), atomically: on a full disk the earlier file stays whole.
 
     Raises:

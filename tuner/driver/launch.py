@@ -14,9 +14,10 @@ import logging
 import shlex
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuner import environ
 from tuner.config import LaunchConfig, redact
@@ -30,12 +31,23 @@ from tuner.masking import mask
 from tuner.models import Model, load_model, runtime_env
 from tuner.spaces import SearchSpace, default_space, load_space
 
+if TYPE_CHECKING:
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from tuner.driver.executor import ClusterConfig
+    from tuner.driver.outcome import Compute
+    from tuner.driver.signals import Stopped
+    from tuner.driver.tracking import Tracker
+    from tuner.driver.verify import Plan
+    from tuner.records import Skip
+
 log = logging.getLogger(__name__)
 console = output_console()  # piped or redirected: every line whole, no live view (tuner.driver.progress)
 METRIC = "val_loss"  # the objective's name in Optuna: a COMPLETE trial's validation loss, mean over seeds
 
 
-def launch(config: LaunchConfig) -> dict[str, Any]:
+def launch(config: LaunchConfig) -> dict[str, object]:
     """Run one launch end to end; return the best-config document that was written.
 
     Raises:
@@ -58,7 +70,7 @@ def launch(config: LaunchConfig) -> dict[str, Any]:
         restore_signals()
 
 
-def _launch(config: LaunchConfig) -> dict[str, Any]:
+def _launch(config: LaunchConfig) -> dict[str, object]:
     from tuner.driver import dashboard, signals, studyrecord, wrapup
     from tuner.driver.eta import Work
     from tuner.driver.executor import RayExecutor
@@ -147,7 +159,8 @@ def _launch(config: LaunchConfig) -> dict[str, Any]:
                 closing.join()
 
 
-def stop_launch(study: Any, tracker: Any, liveness: Liveness, exc: BaseException) -> list[int]:
+def stop_launch(study: optuna.Study | None, tracker: Tracker | None, liveness: Liveness,
+                exc: BaseException) -> list[int]:
     """Leave nothing RUNNING: this launch's trials in flight are told FAIL and queued again, their
     MLflow runs and the launch run are closed (KILLED on a stop signal, else FAILED). Optuna comes
     first: a second signal ends the process at once (tuner.driver.signals), and a trial left RUNNING
@@ -172,7 +185,7 @@ def stop_launch(study: Any, tracker: Any, liveness: Liveness, exc: BaseException
     return stopped
 
 
-def _interrupted_message(study: Any, stopped: list[int], stop: Any) -> str:
+def _interrupted_message(study: optuna.Study | None, stopped: list[int], stop: Stopped) -> str:
     said = "interrupted" if stop.name == "Ctrl-C" else f"stopped by {stop.name}"
     if study is None:
         return f"{said} before the study was opened: nothing was trained"
@@ -199,7 +212,7 @@ def prepare(config: LaunchConfig) -> tuple[Model, SearchSpace]:
     return model, space
 
 
-def verification_plan(config: LaunchConfig) -> Any:
+def verification_plan(config: LaunchConfig) -> Plan:
     """How the end of the launch verifies (tuner.driver.verify.Plan) from the launch flags."""
     from tuner.driver.verify import Plan
 
@@ -207,7 +220,7 @@ def verification_plan(config: LaunchConfig) -> Any:
                 candidates=config.verify_candidates, margin=config.margin, margin_steps=config.steps)
 
 
-def _compute_metrics(compute: Any) -> dict[str, float]:
+def _compute_metrics(compute: Compute) -> dict[str, float]:
     """Runs and steps trained per phase, as MLflow metrics of the launch run."""
     out = {}
     for phase, counts in compute.by_phase().items():
@@ -215,7 +228,7 @@ def _compute_metrics(compute: Any) -> dict[str, float]:
     return out
 
 
-def run_preflight(config: LaunchConfig, model: Model, space: SearchSpace) -> tuple[Any, str]:
+def run_preflight(config: LaunchConfig, model: Model, space: SearchSpace) -> tuple[Skip, str]:
     """Check the model's data (tuner.preflight); the samples to skip, and what was said about them.
 
     Raises:
@@ -230,12 +243,12 @@ def run_preflight(config: LaunchConfig, model: Model, space: SearchSpace) -> tup
     return skip, text
 
 
-def _skip_tags(skip: Any, text: str) -> dict[str, str]:
+def _skip_tags(skip: Skip, text: str) -> dict[str, str]:
     return {"preflight_skipped_train": str(len(skip.train)), "preflight_skipped_val": str(len(skip.val)),
             "preflight": text}
 
 
-def write_answer(config: LaunchConfig, doc: dict[str, Any], study: str) -> None:
+def write_answer(config: LaunchConfig, doc: Mapping[str, object], study: str) -> None:
     """Write best_config.yaml (atomically: tuner.driver.export.write_best).
 
     Raises:
@@ -251,7 +264,7 @@ def write_answer(config: LaunchConfig, doc: dict[str, Any], study: str) -> None:
                           "the same command again, which writes it without training") from exc
 
 
-def write_study_plots(study: Any, out: str, storage: str) -> list[str]:
+def write_study_plots(study: optuna.Study, out: str, storage: str) -> list[str]:
     """The stability map and survival curves beside best_config.yaml (tuner.driver.plots); [] if
     drawing them fails.
 
@@ -284,7 +297,7 @@ def resolve_space(config: LaunchConfig, model: Model) -> SearchSpace:
     return load_space(path, config.model, model.knobs)
 
 
-def cluster_config(config: LaunchConfig) -> Any:
+def cluster_config(config: LaunchConfig) -> ClusterConfig:
     """The executor's settings; a model file travels to the workers in the runtime env."""
     from tuner.driver.executor import ClusterConfig
 
@@ -296,7 +309,7 @@ def cluster_config(config: LaunchConfig) -> Any:
     )
 
 
-def connect_tracking(config: LaunchConfig) -> Any:
+def connect_tracking(config: LaunchConfig) -> MlflowClient | None:
     """An MLflow client whose store answered (tuner.driver.tracking.connect); None with --no-tracking."""
     if config.no_tracking or config.tracking_uri is None:
         return None
@@ -305,7 +318,7 @@ def connect_tracking(config: LaunchConfig) -> Any:
     return connect(config.tracking_uri)
 
 
-def make_tracker(config: LaunchConfig, client: Any, driver: str | None = None) -> Any:
+def make_tracker(config: LaunchConfig, client: MlflowClient | None, driver: str | None = None) -> Tracker | None:
     """The MLflow tracker on ``client`` (from :func:`connect_tracking`; None: no tracking); its runs
     are tagged with the ``driver`` id (tuner.driver.liveness)."""
     if client is None or config.tracking_uri is None:
@@ -317,7 +330,7 @@ def make_tracker(config: LaunchConfig, client: Any, driver: str | None = None) -
     return Tracker(config.tracking_uri, config.study_name, params, client, driver=driver)
 
 
-def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | None = None) -> Any:
+def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | None = None) -> optuna.Study:
     """Create the study, or load it to continue (same name and storage), on a storage with heartbeats.
 
     A continued study's sampler (or that of a second launch on a study another one created) is
@@ -354,7 +367,7 @@ def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | No
     return study
 
 
-def name_metric(study: Any) -> None:
+def name_metric(study: optuna.Study) -> None:
     """Name the study's objective (``val_loss``) for optuna-dashboard and ``study.trials_dataframe``."""
     import warnings
 
@@ -371,7 +384,7 @@ def resumed_seed(seed: int, held: int) -> int:
     return int(np.random.SeedSequence([seed, held]).generate_state(1)[0])
 
 
-def repair(study: Any, tracker: Any, liveness: Liveness) -> int:
+def repair(study: optuna.Study, tracker: Tracker | None, liveness: Liveness) -> int:
     """Fail the trials whose driver is dead (no heartbeat for the grace period), queue them again,
     and close the MLflow runs of dead drivers; a live driver's trials and runs are left alone.
 
@@ -390,7 +403,7 @@ def _say(text: str) -> None:
     console.print(text, highlight=False)
 
 
-def _study_summary(study: Any) -> dict[str, float]:
+def _study_summary(study: optuna.Study) -> dict[str, float]:
     """The launch run's closing metrics: the study's counts (``tuner.driver.trialrecord.Counts``)."""
     from tuner.driver.trialrecord import Counts, study_records
 
@@ -403,7 +416,7 @@ def _study_summary(study: Any) -> dict[str, float]:
     }
 
 
-def _print_best(doc: dict[str, Any], out: str) -> None:
+def _print_best(doc: Mapping[str, object], out: str) -> None:
     from tuner.driver.wrapup import print_best
 
     print_best(console, doc, out)
@@ -427,7 +440,7 @@ def shown_knobs(space: SearchSpace) -> list[str]:
     return ["learning_rate", *(k for k in space.searched() if k != "learning_rate")]
 
 
-def show_finished(study: Any, config: LaunchConfig) -> dict[str, Any]:
+def show_finished(study: optuna.Study, config: LaunchConfig) -> dict[str, object]:
     """Say that the study already has its trials, show and write its best config, say how to run more."""
     from tuner.driver.export import best_config
 

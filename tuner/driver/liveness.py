@@ -24,7 +24,6 @@ import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import optuna
 
@@ -47,7 +46,7 @@ def counted(trials: Sequence[optuna.trial.FrozenTrial]) -> int:
                for t in trials)
 
 
-def live_drivers(study: Any, grace: float = 30) -> set[str]:
+def live_drivers(study: optuna.Study, grace: float = 30) -> set[str]:
     """Ids of the drivers whose last beat on ``study`` is within ``grace`` seconds (a driver that
     stopped recorded 0: gone at once)."""
     now = time.time()
@@ -65,7 +64,7 @@ class Liveness:
         self.driver = uuid.uuid4().hex[:12]
         self.say = say  # where "trial N was left running ..." goes (the terminal view once it is up)
         self.on_reap: list[Callable[[], object]] = []  # called after stale trials were failed, or a driver died
-        self.study: Any = None
+        self.study: optuna.Study | None = None
         self._mine: dict[int, int | None] = {}  # trial number -> trial id, of the trials this driver runs
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -85,12 +84,19 @@ class Liveness:
                 heartbeat_stale_trial_callback=self._requeue,
             )
 
-    def attach(self, study: Any) -> None:
+    def attach(self, study: optuna.Study) -> None:
         """Start beating for this driver's trials of ``study``."""
         self.study = study
         self._beat_driver()
         self._thread = threading.Thread(target=self._beat_loop, name="tuner-heartbeat", daemon=True)
         self._thread.start()
+
+    @property
+    def _study(self) -> optuna.Study:
+        """The study :meth:`attach` gave; AttributeError before it."""
+        if self.study is None:
+            raise AttributeError("Liveness.attach(study) was not called")
+        return self.study
 
     def stop(self) -> None:
         """Stop the heartbeats (this driver's trials become stale after the grace period) and record
@@ -100,13 +106,14 @@ class Liveness:
         if self._thread is not None:
             self._thread.join(timeout=10)
             try:
-                self.study.set_user_attr(f"{DRIVER_BEAT}{self.driver}", 0)
+                self._study.set_user_attr(f"{DRIVER_BEAT}{self.driver}", 0)
             except Exception as exc:  # the storage is gone: the beat goes stale after the grace period
                 log.debug("could not record that driver %s stopped: %s", self.driver, exc)
 
     def claim(self, trial: optuna.trial.Trial) -> None:
         """Mark a trial just asked as this driver's: its first heartbeat, then the owner tag."""
-        hooks.record_heartbeat(self.study, hooks.trial_id(trial))
+        if self.study is not None:
+            hooks.record_heartbeat(self.study, hooks.trial_id(trial))
         trial.set_user_attr(DRIVER, self.driver)
         with self._lock:
             self._mine[trial.number] = hooks.trial_id(trial)
@@ -129,11 +136,11 @@ class Liveness:
         """
         stopped = []
         for number in self.mine():
-            trial = hooks.frozen_trial(self.study, number)
+            trial = hooks.frozen_trial(self._study, number)
             try:
-                if hooks.fail_trial(self.study, trial, {REASON: reason}):
+                if hooks.fail_trial(self._study, trial, {REASON: reason}):
                     if self._may_rerun(trial):
-                        self.study.enqueue_trial(trial.params, user_attrs={RERUN_OF: number}, skip_if_exists=False)
+                        self._study.enqueue_trial(trial.params, user_attrs={RERUN_OF: number}, skip_if_exists=False)
                     stopped.append(number)
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # told meanwhile (by another launch, as stale)
@@ -145,15 +152,15 @@ class Liveness:
         self._last_reap, self._reaped = time.monotonic(), []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(self.study)  # calls _requeue for each trial it failed
+            optuna.storages.fail_stale_trials(self._study)  # calls _requeue for each trial it failed
         now = datetime.datetime.now()
-        for trial in self.study.get_trials(deepcopy=False, states=(_RUNNING,)):
+        for trial in self._study.get_trials(deepcopy=False, states=(_RUNNING,)):
             started = trial.datetime_start or now
             if DRIVER in trial.user_attrs or (now - started).total_seconds() < self.grace:
                 continue
             try:  # a trial of a tuner without heartbeats: its own grace period has passed
-                if hooks.fail_trial(self.study, trial):
-                    self._requeue(self.study, trial)
+                if hooks.fail_trial(self._study, trial):
+                    self._requeue(self._study, trial)
             except optuna.exceptions.UpdateFinishedTrialError:
                 pass  # another launch failed it first
         if self._reaped:
@@ -168,7 +175,7 @@ class Liveness:
 
     def open_trials(self, target: int) -> tuple[int, int]:
         """(trials the study still needs that nobody runs, trials other drivers are running)."""
-        trials = self.study.get_trials(deepcopy=False)
+        trials = self._study.get_trials(deepcopy=False)
         mine = set(self.mine())
         running = [t for t in trials if t.state == _RUNNING]
         others = sum(t.number not in mine for t in running)
@@ -176,9 +183,9 @@ class Liveness:
 
     def live_drivers(self) -> set[str]:
         """Ids of the drivers whose last beat on the study is within the grace period (this one too)."""
-        return live_drivers(self.study, self.grace) | {self.driver}
+        return live_drivers(self._study, self.grace) | {self.driver}
 
-    def _requeue(self, study: Any, trial: optuna.trial.FrozenTrial) -> None:
+    def _requeue(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         again = self._may_rerun(trial)
         if again:
             study.enqueue_trial(trial.params, user_attrs={RERUN_OF: trial.number}, skip_if_exists=False)
@@ -205,7 +212,7 @@ class Liveness:
                 ids = list(self._mine.values())
             try:
                 for trial_id in ids:
-                    hooks.record_heartbeat(self.study, trial_id)
+                    hooks.record_heartbeat(self._study, trial_id)
                 self._beat_driver()
                 self._notice_dead_drivers()
             except Exception as exc:  # the storage did not answer: try again at the next beat
@@ -225,4 +232,4 @@ class Liveness:
                 log.debug("could not close a dead driver's runs: %s", exc)
 
     def _beat_driver(self) -> None:
-        self.study.set_user_attr(f"{DRIVER_BEAT}{self.driver}", time.time())
+        self._study.set_user_attr(f"{DRIVER_BEAT}{self.driver}", time.time())

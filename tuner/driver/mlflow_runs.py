@@ -18,15 +18,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuner import environ
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+    from mlflow.tracking import MlflowClient
 
 _PAGE = 1000
 SEARCH_PHASES = (None, "search")  # the phase tag of a trial's own run (None: a run from before phases)
 
 
-def client(uri: str) -> Any:
+def client(uri: str) -> MlflowClient:
     """An MLflow client of ``uri`` that fails at once when the server does not answer (no retries,
     a 10 s timeout: MLflow's defaults retry for minutes)."""
     environ.mlflow_fail_fast()
@@ -35,9 +39,9 @@ def client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
-def all_runs(mlflow: Any, experiment_id: str) -> list[Any]:
+def all_runs(mlflow: MlflowClient, experiment_id: str) -> list[Run]:
     """Every run of the experiment, page by page."""
-    runs: list[Any] = []
+    runs: list[Run] = []
     token = None
     while True:
         page = mlflow.search_runs([experiment_id], max_results=_PAGE, page_token=token)
@@ -47,9 +51,9 @@ def all_runs(mlflow: Any, experiment_id: str) -> list[Any]:
             return runs
 
 
-def own_runs(runs: Iterable[Any]) -> dict[int, Any]:
+def own_runs(runs: Iterable[Run]) -> dict[int, Run]:
     """Trial number -> the trial's own run among ``runs`` (MLflow ``Run`` s; see the module docs)."""
-    out: dict[int, Any] = {}
+    out: dict[int, Run] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         number, tags = run.data.tags.get("trial"), run.data.tags
         if number is not None and number.isdigit() and tags.get("phase") in SEARCH_PHASES:
@@ -57,7 +61,7 @@ def own_runs(runs: Iterable[Any]) -> dict[int, Any]:
     return out
 
 
-def trial_runs(mlflow: Any, experiment_id: str) -> dict[int, str]:
+def trial_runs(mlflow: MlflowClient, experiment_id: str) -> dict[int, str]:
     """Trial number -> the id of its own run in the experiment."""
     return {number: run.info.run_id for number, run in own_runs(all_runs(mlflow, experiment_id)).items()}
 

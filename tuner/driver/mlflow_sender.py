@@ -26,7 +26,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,8 @@ class Sender:
             trials' runs there, ahead of the queue).
     """
 
-    def __init__(self, client: Any, where: str, run_of: Callable[[Target], str], before: Callable[[], None]) -> None:
+    def __init__(self, client: MlflowClient, where: str, run_of: Callable[[Target], str],
+                 before: Callable[[], None]) -> None:
         from mlflow.entities import Metric
 
         self._Metric, self.client, self._where, self._run_of, self._before = Metric, client, where, run_of, before

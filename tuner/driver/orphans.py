@@ -18,13 +18,20 @@ run, that is still RUNNING was cut short by its driver's death: KILLED.
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import optuna
+    from mlflow.tracking import MlflowClient
+
+    from tuner.driver.trialrecord import TrialRecord
 
 DRIVER_TAG = "tuner.driver"  # the id of the launch that created a run (tuner.driver.liveness)
 STOPPED = "the launch driving it stopped"
 
 
-def close_orphans(client: Any, experiment_id: str, study: Any, live: Collection[str], keep: str | None = None) -> int:
+def close_orphans(client: MlflowClient, experiment_id: str, study: optuna.Study, live: Collection[str],
+                  keep: str | None = None) -> int:
     """Close the RUNNING runs of dead drivers (see the module docs); how many were closed.
 
     Args:
@@ -62,7 +69,8 @@ def close_orphans(client: Any, experiment_id: str, study: Any, live: Collection[
     return closed
 
 
-def log_missing(client: Any, experiment_id: str, study: Any, live: Collection[str], parent: str | None = None) -> int:
+def log_missing(client: MlflowClient, experiment_id: str, study: optuna.Study, live: Collection[str],
+                parent: str | None = None) -> int:
     """Log a closed run for every finished trial of ``study`` that a dead driver ran and that has no
     run of its own in MLflow (its launch's store failed, or it was killed first): its params, its
     outcome as tags and its validation loss. A duplicate (never trained) gets none; a live driver's
@@ -81,12 +89,14 @@ def log_missing(client: Any, experiment_id: str, study: Any, live: Collection[st
     return made
 
 
-def _log_trial(client: Any, experiment_id: str, trial: Any, record: Any, parent: str | None) -> None:
+def _log_trial(client: MlflowClient, experiment_id: str, trial: optuna.trial.FrozenTrial, record: TrialRecord | None,
+               parent: str | None) -> None:
     """One closed run for a finished trial from its record (None: a failed trial's params only)."""
     from mlflow.entities import Metric, Param
 
     told = record is not None and trial.state.name != "FAIL"
-    tags = {"trial": str(trial.number), "phase": "search", "status": record.state.value if told else "failed",
+    status = record.state.value if record is not None and told else "failed"
+    tags = {"trial": str(trial.number), "phase": "search", "status": status,
             "reason": (record.reason if record is not None else "") or "logged afterwards: its launch could not log it",
             "tuner.backfilled": "true", **({"mlflow.parentRunId": parent} if parent else {})}
     run_id = client.create_run(experiment_id, tags=tags, run_name=f"trial-{trial.number}").info.run_id

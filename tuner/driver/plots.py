@@ -20,7 +20,7 @@ import io
 from collections.abc import Callable, Collection, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +29,12 @@ from tuner.driver.trialrecord import Counts, SeedStatus, TrialRecord, varying
 from tuner.errors import OutputError
 from tuner.names import file_safe
 from tuner.records import TrialState
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.axis import XAxis, YAxis
+    from matplotlib.collections import PathCollection
+    from matplotlib.figure import Figure
 
 STABILITY_MAP = "stability_map.png"
 SURVIVAL = "survival.png"
@@ -65,14 +71,14 @@ def write_plots(rows: Sequence[TrialRecord], out_dir: str | Path, study: str = "
     return [_save(figure(name, rows, log_knobs), out / f"{prefix}{name}") for name in (STABILITY_MAP, SURVIVAL)]
 
 
-def figure(name: str, rows: Sequence[TrialRecord], log_knobs: Collection[str] = ()) -> Any:
+def figure(name: str, rows: Sequence[TrialRecord], log_knobs: Collection[str] = ()) -> Figure:
     """The matplotlib Figure of one plot (``name``: :data:`STABILITY_MAP` or :data:`SURVIVAL`) of a
     study's trial records, titled with their counts; shown inline in a notebook (``tuner.Result``)."""
     from matplotlib.figure import Figure
 
     counts = Counts.of(rows)
     rows = [r for r in rows if r.state in (TrialState.SURVIVED, TrialState.DIVERGED, TrialState.STOPPED)]
-    draws: dict[str, Callable[[Any, Sequence[TrialRecord]], None]] = {
+    draws: dict[str, Callable[[Axes, Sequence[TrialRecord]], None]] = {
         STABILITY_MAP: partial(stability_map, log_knobs=log_knobs), SURVIVAL: survival_curves}
     draw = draws[name]
     fig = Figure(figsize=(7, 4.8), layout="constrained")
@@ -81,7 +87,7 @@ def figure(name: str, rows: Sequence[TrialRecord], log_knobs: Collection[str] = 
     return fig
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     """Render ``fig`` as PNG in memory, then write it atomically (tuner.atomic): a full disk leaves
     the earlier plot whole."""
     png = io.BytesIO()
@@ -89,7 +95,7 @@ def _save(fig: Any, path: Path) -> Path:
     return atomic.write_bytes(path, png.getvalue())
 
 
-def stability_map(ax: Any, rows: Sequence[TrialRecord], log_knobs: Collection[str] = ()) -> None:
+def stability_map(ax: Axes, rows: Sequence[TrialRecord], log_knobs: Collection[str] = ()) -> None:
     """Learning rate against the most telling other knob, survived vs diverged (see module docs)."""
     if not rows:
         ax.text(0.5, 0.5, "no finished trial", ha="center", transform=ax.transAxes)
@@ -114,7 +120,7 @@ def stability_map(ax: Any, rows: Sequence[TrialRecord], log_knobs: Collection[st
     ax.figure.colorbar(points, ax=ax, label="fraction of the budget survived (weakest seed)")
 
 
-def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRecord]) -> Any:
+def _markers(ax: Axes, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRecord]) -> PathCollection:
     """Circles (survived), crosses (diverged), a star (the incumbent), verified survival labels.
 
     Returns:
@@ -123,18 +129,18 @@ def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRecord])
     shade = np.array([survived_fraction(r) for r in rows])
     state = np.array([r.state.value for r in rows])
     chosen = np.array([r.chosen for r in rows])
-    style = {"cmap": "viridis", "vmin": 0.0, "vmax": 1.0}
     ok, bad = (state == TrialState.SURVIVED.value) & ~chosen, (state == TrialState.DIVERGED.value) & ~chosen
     stopped = state == TrialState.STOPPED.value
     if stopped.any():
         ax.scatter(x[stopped], y[stopped], marker="o", facecolors="none", edgecolors="grey",
                    label="stopped by the pruner")
-    points = ax.scatter(x[ok], y[ok], c=shade[ok], marker="o", edgecolors="k", label="survived", **style)
-    ax.scatter(x[bad], y[bad], c=shade[bad], marker="X", s=70, label="diverged", **style)
+    shaded = partial(ax.scatter, cmap="viridis", vmin=0.0, vmax=1.0)
+    points = shaded(x[ok], y[ok], c=shade[ok], marker="o", edgecolors="k", label="survived")
+    shaded(x[bad], y[bad], c=shade[bad], marker="X", s=70, label="diverged")
     if chosen.any():
         number = next(r.number for r in rows if r.chosen)
-        ax.scatter(x[chosen], y[chosen], c=shade[chosen], marker="*", s=260, edgecolors="red", linewidths=1.2,
-                   label=f"exported (trial {number})", zorder=3, **style)
+        shaded(x[chosen], y[chosen], c=shade[chosen], marker="*", s=260, edgecolors="red", linewidths=1.2,
+               label=f"exported (trial {number})", zorder=3)
     for xi, yi, r in zip(x, y, rows, strict=True):
         if r.verification is not None:
             ax.annotate(f"{r.verification.survived}/{r.verification.runs}", (xi, yi), xytext=(6, 4),
@@ -142,7 +148,7 @@ def _markers(ax: Any, x: np.ndarray, y: np.ndarray, rows: Sequence[TrialRecord])
     return points
 
 
-def survival_curves(ax: Any, rows: Sequence[TrialRecord]) -> None:
+def survival_curves(ax: Axes, rows: Sequence[TrialRecord]) -> None:
     """Fraction of seed runs still finite against the step (see module docs)."""
     budget = max((r.steps for r in rows), default=1)
     runs = [run for r in rows for run in seed_runs(r)]
@@ -196,7 +202,7 @@ def other_knob(rows: Sequence[TrialRecord]) -> str | None:
     return max(scores, key=lambda k: scores[k]) if scores else None
 
 
-def _association(values: list[Any], target: np.ndarray) -> float:
+def _association(values: Sequence[object], target: np.ndarray) -> float:
     """|Spearman correlation| for a numeric knob (null or not counts as a choice), else the correlation ratio."""
     if np.std(target) == 0:
         return 0.0
@@ -218,12 +224,12 @@ def _correlation_ratio(keys: list[str], target: np.ndarray) -> float:
     return float(np.sqrt(between / (len(target) * np.var(target))))
 
 
-def _numeric(values: list[Any]) -> bool:
+def _numeric(values: Sequence[object]) -> bool:
     present = [v for v in values if v is not None]
     return bool(present) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present)
 
 
-def _log_axis(axis: Any, values: np.ndarray) -> None:
+def _log_axis(axis: XAxis | YAxis, values: np.ndarray) -> None:
     """A log axis whose labels never run together: decades over two decades or more, else 1-2-5
     steps, written plainly (``0.0002``), no minor labels."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
@@ -239,7 +245,7 @@ def _log_axis(axis: Any, values: np.ndarray) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _axis_values(values: list[Any], log: bool = False) -> tuple[np.ndarray, list[str] | None, float | None]:
+def _axis_values(values: Sequence[object], log: bool = False) -> tuple[np.ndarray, list[str] | None, float | None]:
     """Axis positions: numbers as they are (nulls on a line below them), choices as labelled slots.
 
     Returns:
@@ -258,7 +264,7 @@ def _axis_values(values: list[Any], log: bool = False) -> tuple[np.ndarray, list
     return np.array([index[_label(v)] for v in values]) + jitter, labels, None
 
 
-def _label(value: Any) -> str:
+def _label(value: object) -> str:
     return value if isinstance(value, str) else repr(value)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -92,9 +93,10 @@ class ProgressView:
             self._live.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self._live is not None:
-            self._live.__exit__(*exc)
+            self._live.__exit__(kind, exc, tb)
             self._live = None
 
     def on_trial_start(self, number: int, config: TrainConfig, seeds: Sequence[int]) -> None:

@@ -12,9 +12,9 @@ record lacks, and the plots are attached to the study's latest launch run.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuner import environ
 from tuner.config import redact, storage_url
@@ -28,6 +28,9 @@ from tuner.driver.views import trials_table
 from tuner.errors import ConfigError, OutputError, TrackingError
 from tuner.names import study_name_problem
 from tuner.records import TrialState
+
+if TYPE_CHECKING:
+    import optuna
 
 DEFAULT_TRACKING = "sqlite:///mlflow.db"
 
@@ -96,7 +99,7 @@ def study_name(model: str) -> str:
     return LaunchConfig.model_construct(model=model).study_name
 
 
-def load_study(name: str, storage: str) -> Any:
+def load_study(name: str, storage: str) -> optuna.Study:
     """The study ``name`` in ``storage``, never creating either.
 
     Raises:
@@ -116,7 +119,7 @@ def load_study(name: str, storage: str) -> Any:
     return optuna.load_study(study_name=name, storage=storage)
 
 
-def study_rows(study: Any) -> list[TrialRecord]:
+def study_rows(study: optuna.Study) -> list[TrialRecord]:
     """The study's recorded trials in trial order, with their verifications and choice."""
     return trialrecord.study_records(study)
 
@@ -146,7 +149,7 @@ def cause_text(tags: Mapping[str, str]) -> str:
     return f"{op} ({', '.join(w for w in where if w)})"
 
 
-def selection_lines(study: Any, records: Sequence[TrialRecord]) -> list[str]:
+def selection_lines(study: optuna.Study, records: Sequence[TrialRecord]) -> list[str]:
     """The incumbent (the exported trial) and the rule that picked it, why the lowest validation loss
     is another trial's (when it is), and the incumbent's learning-rate margin."""
     found = trialrecord.incumbent(records, studyrecord.choice(study), studyrecord.race_seeds(study))
@@ -179,7 +182,7 @@ def margin_line(trial: int, margin: Margin) -> str:
     return line
 
 
-def mend_runs(uri: str, study: Any, say: Any) -> None:
+def mend_runs(uri: str, study: optuna.Study, say: Callable[..., None]) -> None:
     """Close the MLflow runs that stopped launches left RUNNING and log the trials the study holds and
     MLflow lacks (tuner.driver.orphans: a killed launch, a tracking store that failed); say what was
     done, or in one line why it could not be."""

@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tuner.config import LaunchConfig, redact
 from tuner.driver.liveness import counted
 from tuner.errors import ConfigError
 from tuner.spaces import SearchSpace
 
+if TYPE_CHECKING:
+    import optuna
 
-def existing_study(config: LaunchConfig) -> Any:
+
+def existing_study(config: LaunchConfig) -> optuna.Study | None:
     """The study of ``config`` if its storage holds it, else None; read only: nothing is created."""
     import optuna
 
@@ -51,7 +54,7 @@ def check_owner(config: LaunchConfig, space: SearchSpace) -> None:
                           "pass --study NEW_NAME to start a new study for this launch")
 
 
-def finished_study(config: LaunchConfig) -> Any:
+def finished_study(config: LaunchConfig) -> optuna.Study | None:
     """The study of ``config`` if it already holds ``--trials`` finished trials, none running, and
     its export chosen (or no verification asked): the same command run again; else None. Read
     only: nothing is created."""

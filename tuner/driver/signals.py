@@ -35,7 +35,7 @@ import sys
 import termios
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
@@ -86,7 +86,7 @@ def stopped(exc: BaseException) -> Stopped:
     return Stopped(signal.SIGTERM if isinstance(exc, SystemExit) else signal.SIGINT)
 
 
-def _handler(signum: int, frame: Any) -> None:
+def _handler(signum: int, frame: FrameType | None) -> None:
     global _noted
     if _cleaning:
         _at_once(signum)
@@ -135,7 +135,7 @@ def noted() -> Callable[[], None]:
     _installed = True
     previous_hook = sys.unraisablehook
 
-    def quiet(unraisable: Any) -> None:  # the dropped Stopped: no traceback, raised at the poll
+    def quiet(unraisable: sys.UnraisableHookArgs) -> None:  # the dropped Stopped: no traceback, raised at the poll
         if not (_noted is not None and issubclass(unraisable.exc_type, KeyboardInterrupt)):
             previous_hook(unraisable)
 

@@ -8,9 +8,14 @@ told, so the verification of trial ``n`` lives on the study under ``tuner.verifi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.driver.evidence import Choice, Margin, SeedStream, Verification
+
+if TYPE_CHECKING:
+    import optuna
+
+    from tuner.spaces import SearchSpace
 
 SEED_BASE = "tuner.seed_base"
 VERIFIED = "tuner.verified."
@@ -20,7 +25,7 @@ RACE_SEEDS = "tuner.race_seeds"  # the seeds a trial must be raced to before it 
 COMPUTE = "tuner.compute"
 
 
-def seed_stream(study: Any, seed: int | None) -> SeedStream:
+def seed_stream(study: optuna.Study, seed: int | None) -> SeedStream:
     """The study's seed stream: the recorded one, or a new one recorded now."""
     base = study.user_attrs.get(SEED_BASE)
     if base is None:
@@ -30,51 +35,51 @@ def seed_stream(study: Any, seed: int | None) -> SeedStream:
     return SeedStream(int(base))
 
 
-def save_verification(study: Any, trial: int, verification: Verification) -> None:
+def save_verification(study: optuna.Study, trial: int, verification: Verification) -> None:
     """Record the verification of ``trial``'s config."""
     study.set_user_attr(f"{VERIFIED}{trial}", verification.to_dict())
 
 
-def verifications(study: Any) -> dict[int, Verification]:
+def verifications(study: optuna.Study) -> dict[int, Verification]:
     """Trial number -> its config's verification."""
     return {int(k.removeprefix(VERIFIED)): Verification.from_dict(v)
             for k, v in study.user_attrs.items() if k.startswith(VERIFIED)}
 
 
-def save_margin(study: Any, trial: int, margin: Margin) -> None:
+def save_margin(study: optuna.Study, trial: int, margin: Margin) -> None:
     """Record the learning-rate margin of ``trial``'s config."""
     study.set_user_attr(f"{MARGIN}{trial}", margin.to_dict())
 
 
-def margins(study: Any) -> dict[int, Margin]:
+def margins(study: optuna.Study) -> dict[int, Margin]:
     """Trial number -> its config's margin."""
     return {int(k.removeprefix(MARGIN)): Margin.from_dict(v)
             for k, v in study.user_attrs.items() if k.startswith(MARGIN)}
 
 
-def save_choice(study: Any, choice: Choice) -> None:
+def save_choice(study: optuna.Study, choice: Choice) -> None:
     """Record which trial the selection rule chose, and the rule."""
     study.set_user_attr(CHOICE, {"trial": choice.trial, "met": choice.met, "rule": choice.rule})
 
 
-def choice(study: Any) -> Choice | None:
+def choice(study: optuna.Study) -> Choice | None:
     """The recorded choice, if a launch made one."""
     doc = study.user_attrs.get(CHOICE)
     return None if doc is None else Choice(int(doc["trial"]), bool(doc["met"]), str(doc["rule"]))
 
 
-def save_race_seeds(study: Any, race_seeds: int) -> None:
+def save_race_seeds(study: optuna.Study, race_seeds: int) -> None:
     """Record the seeds the latest launch raced trials to (0: it raced none): the selection rule's pool."""
     if study.user_attrs.get(RACE_SEEDS) != race_seeds:
         study.set_user_attr(RACE_SEEDS, race_seeds)
 
 
-def race_seeds(study: Any) -> int:
+def race_seeds(study: optuna.Study) -> int:
     """The recorded race seeds; 0 for a study that recorded none (every learned survivor may be exported)."""
     return int(study.user_attrs.get(RACE_SEEDS, 0))
 
 
-def add_compute(study: Any, compute: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
+def add_compute(study: optuna.Study, compute: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
     """Add a launch's runs and steps per phase to the study's totals; return the totals."""
     total: dict[str, dict[str, float]] = {k: dict(v) for k, v in study.user_attrs.get(COMPUTE, {}).items()}
     for phase, counts in compute.items():
@@ -95,7 +100,7 @@ def model_id(spec: str) -> str:
     return f"{where.replace(chr(92), '/').rpartition('/')[2]}{sep}{name}" if where.endswith(".py") else spec
 
 
-def space_signature(space: Any) -> dict[str, str]:
+def space_signature(space: SearchSpace) -> dict[str, str]:
     """Knob name -> how it is searched (range, choices or fixed value), comparable across launches."""
     out = {}
     for name, p in space.params.items():
@@ -108,7 +113,7 @@ def space_signature(space: Any) -> dict[str, str]:
     return out
 
 
-def owner(study: Any) -> dict[str, Any] | None:
+def owner(study: optuna.Study) -> dict[str, Any] | None:
     """The recorded owner (``{"model", "space", "steps"}``; ``steps`` lists every budget the study was
     searched at, the first first), or None for a study created before owners were recorded."""
     doc = study.user_attrs.get(OWNER)
@@ -135,7 +140,7 @@ def mismatch(recorded: dict[str, Any], model: str, space: dict[str, str], steps:
     return None
 
 
-def claim(study: Any, model: str, space: dict[str, str], steps: int) -> dict[str, Any]:
+def claim(study: optuna.Study, model: str, space: dict[str, str], steps: int) -> dict[str, Any]:
     """Record this launch as the study's owner (a new study, or one created before owners were
     recorded), or add ``steps`` to its budgets (a change that :func:`mismatch` allowed)."""
     recorded = owner(study)

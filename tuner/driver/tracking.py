@@ -31,7 +31,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, TypeGuard
 
 from tuner.driver import mlflow_runs, mlflow_ui, orphans
 from tuner.driver.mlflow_sender import TELEMETRY_FILE, Sender, Target, first_line
@@ -48,6 +48,10 @@ from tuner.records import (
 )
 
 if TYPE_CHECKING:
+    import optuna
+    from mlflow.entities import Experiment, Run
+    from mlflow.tracking import MlflowClient
+
     from tuner.driver.trialrecord import TrialRecord
 
 log = logging.getLogger(__name__)
@@ -59,7 +63,7 @@ DRIVER_TAG = orphans.DRIVER_TAG  # the id of the launch that created a run (tune
 __all__ = ["DIVERGENCE_FILE", "DRIVER_TAG", "TELEMETRY_FILE", "Tracker", "artifact_location", "connect"]
 
 
-def connect(uri: str) -> Any:
+def connect(uri: str) -> MlflowClient:
     """An MLflow client of ``uri`` whose store answered: the slow part of a launch's tracking.
 
     Importing MLflow and opening its store (schema checks of a database) take seconds of CPU, so
@@ -96,8 +100,8 @@ class Tracker:
     """Logs a launch to MLflow (see the module docs); a Callback of ``tuner.driver.search``, which
     only hears events: the search never asks it anything (the launch asks :meth:`runs` once it has ended)."""
 
-    def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, Any], client: Any = None,
-                 driver: str | None = None) -> None:
+    def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, object],
+                 client: MlflowClient | None = None, driver: str | None = None) -> None:
         """Create the parent run; ``client`` is one :func:`connect` made beforehand (else made here).
 
         Every run it creates is tagged ``tuner.driver`` with ``driver`` (its launch's id, see
@@ -122,14 +126,14 @@ class Tracker:
             raise _unreachable(uri, exc) from exc
         self._runs: dict[int, str] = {}  # trial number -> child run id
         self._create_tried: set[int] = set()  # trials whose child run creation was sent at least once
-        self._children: dict[int, dict[str, Any]] = {}  # trial number -> params of its run, not yet created
+        self._children: dict[int, dict[str, object]] = {}  # trial number -> params of its run, not yet created
         self._phase_runs: dict[tuple[int, str], int] = {}  # (trial, phase) -> phase runs made so far
         self._current: dict[tuple[int, str], str] = {}  # (trial, phase) -> name of its open phase run
         self._named: dict[str, str] = {}  # phase run name -> its run id
         self._seeds: dict[Target, dict[int, int]] = {}  # open run -> seed -> its position (see the module docs)
         self._sender = Sender(self.client, _redact(uri), self._run_of, before=self._create_children)
 
-    def _mark_experiment(self, found: Any, study: str) -> None:
+    def _mark_experiment(self, found: Experiment | None, study: str) -> None:
         """Tag the experiment to open in the MLflow UI's training views with tuner's columns
         (tuner.driver.mlflow_ui); a description the user wrote is kept."""
         tags = mlflow_ui.experiment_tags(self.experiment_id, study)
@@ -155,7 +159,7 @@ class Tracker:
             return made
         return {**found, **made}
 
-    def mark_export(self, study: Any) -> None:
+    def mark_export(self, study: optuna.Study) -> None:
         """Queue the marks of the study's exported trial (the incumbent: tuner.driver.export.best_trial),
         for the end of a launch, once it chose: its run tagged ``chosen`` = ``true``, renamed
         (``trial-4 survived, exported``) and described by what the export rests on; every other
@@ -171,7 +175,7 @@ class Tracker:
         records = study_records(study)
         self._sender.append(lambda: self._mark_export(top, rule, records, study.study_name))
 
-    def _mark_export(self, top: Any, rule: str, records: Sequence[Any], study: str) -> None:
+    def _mark_export(self, top: TrialRecord, rule: str, records: Sequence[TrialRecord], study: str) -> None:
         runs = self.runs()
         sentence = mlflow_ui.export_sentence(top, rule)
         for run in self.client.search_runs([self.experiment_id], filter_string=f"tags.{mlflow_ui.CHOSEN_TAG} = 'true'"):
@@ -194,7 +198,7 @@ class Tracker:
             note = mlflow_ui.experiment_note(self.experiment_id, study, mlflow_ui.exported_phrase(top))
             self.client.set_experiment_tag(self.experiment_id, mlflow_ui.NOTE_TAG, note)
 
-    def _unmark(self, run: Any) -> None:
+    def _unmark(self, run: Run) -> None:
         """Take an earlier launch's export mark off ``run``."""
         self.client.delete_tag(run.info.run_id, mlflow_ui.CHOSEN_TAG)
         tags = {mlflow_ui.NAME_TAG: run.info.run_name.removesuffix(mlflow_ui.EXPORTED),
@@ -334,7 +338,7 @@ class Tracker:
 
         self._sender.close(end, wait)
 
-    def close_orphans(self, study: Any, live: Collection[str] = ()) -> int:
+    def close_orphans(self, study: optuna.Study, live: Collection[str] = ()) -> int:
         """Close the runs dead drivers left RUNNING and log the trials they could not log
         (tuner.driver.orphans); a live driver's runs (``live``) are left alone.
 
@@ -345,7 +349,7 @@ class Tracker:
             return (orphans.close_orphans(self.client, self.experiment_id, study, live, keep=self.parent_id)
                     + orphans.log_missing(self.client, self.experiment_id, study, live, parent=self.parent_id))
 
-    def _create_child(self, number: int, params: Mapping[str, Any]) -> None:
+    def _create_child(self, number: int, params: Mapping[str, object]) -> None:
         """Create the trial's child run and log its params; safe to retry after a failure.
 
         A server that dies mid-request may have created the run without answering, so a retry
@@ -363,7 +367,7 @@ class Tracker:
                 **tags}
         return self.client.create_run(self.experiment_id, tags=tags, run_name=f"trial-{number}").info.run_id
 
-    def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+    def _log_params(self, run_id: str, params: Mapping[str, object]) -> None:
         self.client.log_batch(run_id, params=[self._Param(k, str(v)) for k, v in params.items()])
 
     def _find_child(self, number: int) -> str | None:
@@ -375,7 +379,7 @@ class Tracker:
     def _run_of(self, target: Target) -> str:
         return self._named[target] if isinstance(target, str) else self._runs[target]
 
-    def _create_phase_run(self, number: int, phase: Phase, name: str, params: Mapping[str, Any]) -> None:
+    def _create_phase_run(self, number: int, phase: Phase, name: str, params: Mapping[str, object]) -> None:
         """Create a phase run, nested under the trial's run (or under the launch run if the trial
         was logged by an earlier launch)."""
         if name in self._named:
@@ -436,7 +440,7 @@ def forensics_tags(found: Forensics) -> dict[str, str]:
     return tags
 
 
-def divergence_doc(outcome: TrialOutcome) -> dict[str, Any] | None:
+def divergence_doc(outcome: TrialOutcome) -> dict[str, object] | None:
     """The ``divergence.json`` artifact of a diverged trial: its first divergence's forensics."""
     first = outcome.divergence
     if first is None or first.forensics is None:

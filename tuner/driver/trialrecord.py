@@ -29,11 +29,14 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.driver.evidence import Choice, Margin, Verification
 from tuner.errors import ConfigError
 from tuner.records import RunRecord, RunStatus, TrialOutcome, TrialState
+
+if TYPE_CHECKING:
+    import optuna
 
 # Every Optuna trial user attr tuner writes (no other module spells one):
 ATTR = "tuner.trial"  # the record itself (TrialRecord.to_dict())
@@ -271,7 +274,7 @@ class TrialRecord:
         )
 
 
-def read(trial: Any) -> TrialRecord | None:
+def read(trial: optuna.trial.FrozenTrial) -> TrialRecord | None:
     """The record of an Optuna (frozen) trial; None if tuner recorded none (running, interrupted,
     a duplicate); a study written before the record existed is read from its separate attrs."""
     attrs = trial.user_attrs
@@ -282,7 +285,7 @@ def read(trial: Any) -> TrialRecord | None:
     return None
 
 
-def study_records(study: Any) -> list[TrialRecord]:
+def study_records(study: optuna.Study) -> list[TrialRecord]:
     """Every recorded trial of ``study`` in trial order, with its verification, margin, whether it
     is the incumbent (``chosen``) and why not (``why``)."""
     from tuner.driver import studyrecord
@@ -305,7 +308,7 @@ def mark_incumbent(records: Sequence[TrialRecord], choice: Choice | None = None,
             for r in records]
 
 
-def log_knobs(study: Any) -> set[str]:
+def log_knobs(study: optuna.Study) -> set[str]:
     """The knobs the study searched on a log scale (from its trials' Optuna distributions)."""
     found: set[str] = set()
     for trial in study.get_trials(deepcopy=False):

@@ -10,9 +10,9 @@ and streaming as the search. The survival figure is ``k`` of ``n`` with a 95% Wi
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from tuner.driver import signals
 from tuner.driver.evidence import MARGIN_FACTORS, Choice, Margin, SeedStream, Verification, bar_reachable, choose
@@ -20,7 +20,13 @@ from tuner.driver.outcome import Callback, Compute, Executor, judge
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome
 
 if TYPE_CHECKING:
+    import argparse
+
+    import optuna
+    from rich.console import Console
+
     from tuner.config import VerifyOptions
+    from tuner.models.base import Knob
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,7 @@ def lr_margin(runner: Runner, number: int, config: TrainConfig, base: Verificati
     return Margin(1.0, steps, len(base.seeds), tried, losses, base.init_val_loss)
 
 
-def candidates(study: Any, race_seeds: int) -> list[tuple[int, float, TrainConfig]]:
+def candidates(study: optuna.Study, race_seeds: int) -> list[tuple[int, float, TrainConfig]]:
     """The configs that may be exported, best validation loss first (``tuner.driver.trialrecord.candidates``:
     the selection rule's pool, the same the incumbent is drawn from)."""
     import optuna
@@ -155,7 +161,7 @@ def candidates(study: Any, race_seeds: int) -> list[tuple[int, float, TrainConfi
     return [(r.number, float(r.value or 0.0), config_from_flat(r.config)) for r in pool(done, race_seeds)]
 
 
-def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, race_seeds: int,
+def verify_study(study: optuna.Study, runner: Runner, plan: Plan, stream: SeedStream, race_seeds: int,
                  say: Callable[[str], None] = print) -> Choice | None:
     """Verify the best candidates until one meets the bar (at most ``plan.candidates``), choose the
     winner by the selection rule (``tuner.driver.evidence.choose``), and measure its margin.
@@ -193,7 +199,7 @@ def verify_study(study: Any, runner: Runner, plan: Plan, stream: SeedStream, rac
     return choice
 
 
-def run_verify(args: Any) -> int:
+def run_verify(args: argparse.Namespace) -> int:
     """``tuner verify CONFIG.yaml``: retrain the file's config on fresh seeds; 0 if it meets the bar, else 3.
 
     Its progress: a line per run that ended, piped or redirected; a live line on a terminal
@@ -209,7 +215,7 @@ def run_verify(args: Any) -> int:
     return _verdict(console, result, options.min_survival)
 
 
-def verify_doc(options: VerifyOptions, doc: dict[str, Any], console: Any) -> Verification:
+def verify_doc(options: VerifyOptions, doc: Mapping[str, object], console: Console) -> Verification:
     """Retrain ``doc``'s config (best_config.yaml's shape) on fresh seeds as ``options`` say; print
     the progress and the result on ``console``; return the evidence (``tuner verify`` and
     ``tuner.verify``).
@@ -261,7 +267,7 @@ def verify_doc(options: VerifyOptions, doc: dict[str, Any], console: Any) -> Ver
     return result
 
 
-def _verdict(console: Any, result: Verification, bar: float) -> int:
+def _verdict(console: Console, result: Verification, bar: float) -> int:
     if result.met:
         console.print(f"stable: the 95% lower bound {result.rate_low:.2f} reaches --min-survival {bar:g}")
         return 0
@@ -286,7 +292,7 @@ def check_bar(min_survival: float, seeds: int) -> None:
         )
 
 
-def read_config_file(path: str) -> dict[str, Any]:
+def read_config_file(path: str) -> dict[str, object]:
     """A config YAML in best_config.yaml's shape (at least a ``config:`` mapping).
 
     Raises:
@@ -302,7 +308,7 @@ def read_config_file(path: str) -> dict[str, Any]:
     return doc
 
 
-def model_to_verify(options: VerifyOptions, doc: dict[str, Any], say: Callable[[str], None] = print) -> str:
+def model_to_verify(options: VerifyOptions, doc: Mapping[str, object], say: Callable[[str], None] = print) -> str:
     """The model to retrain with: ``--model``; else the file's ``study.model`` when it is a built-in
     name, or, with ``--trust-file-model``, whatever it names; else ``iterated_mlp``.
 
@@ -335,7 +341,7 @@ def model_to_verify(options: VerifyOptions, doc: dict[str, Any], say: Callable[[
     return named
 
 
-def verify_steps(options: VerifyOptions, doc: dict[str, Any]) -> int:
+def verify_steps(options: VerifyOptions, doc: Mapping[str, object]) -> int:
     """``--steps`` (already in range), else twice the file's ``stability.steps``."""
     from tuner.config import MAX_STEPS
     from tuner.errors import ConfigError
@@ -349,15 +355,16 @@ def verify_steps(options: VerifyOptions, doc: dict[str, Any]) -> int:
     return 2 * steps
 
 
-def validated_config(doc: dict[str, Any], model: str, knobs: Any, where: str) -> TrainConfig:
+def validated_config(doc: Mapping[str, object], model: str, knobs: Mapping[str, Knob], where: str) -> TrainConfig:
     """The file's ``config`` checked against tuner's and the model's knobs (left-out knobs default)."""
     from tuner.spaces import space_from
 
-    space = space_from(doc["config"], model, knobs, f"{where}: config")
+    params = cast("Mapping[str, object]", doc["config"])  # a mapping: read_config_file and tuner.verify check it
+    space = space_from(params, model, knobs, f"{where}: config")
     return space.config({name: p.value for name, p in space.params.items()})
 
 
-def _seeds_in(doc: dict[str, Any]) -> list[int]:
+def _seeds_in(doc: Mapping[str, object]) -> list[int]:
     """Every seed the file says its config was trained on (never reused as a fresh seed)."""
     stability = doc.get("stability")
     stability = stability if isinstance(stability, dict) else {}

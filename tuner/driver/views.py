@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import yaml
 from rich.table import Table
@@ -24,12 +23,12 @@ LEGEND = ("steps survived per seed: x diverged, c cancelled (a sibling diverged)
           "f failed; * the incumbent (exported)")
 
 
-def short(value: Any) -> str:
+def short(value: object) -> str:
     """A knob value in few characters (floats to 3 significant digits)."""
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def knobs_text(config: Mapping[str, Any], keys: Sequence[str] | None, sep: str = " ") -> str:
+def knobs_text(config: Mapping[str, object], keys: Sequence[str] | None, sep: str = " ") -> str:
     """``learning_rate=0.0042 max_iter=10``: the knobs ``keys`` (None: all) of ``config``."""
     shown = list(config) if keys is None else [k for k in keys if k in config]
     return sep.join(f"{k}={short(config[k])}" for k in shown)
@@ -163,6 +162,6 @@ def describe(record: TrialRecord, keys: Sequence[str] | None = None) -> str:
     return text + " | " + knobs_text(record.config, keys)
 
 
-def best_yaml(config: Mapping[str, Any]) -> str:
+def best_yaml(config: Mapping[str, object]) -> str:
     """The config as best_config.yaml holds it (YAML, key order kept)."""
     return yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False).rstrip()

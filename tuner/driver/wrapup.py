@@ -11,16 +11,22 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from tuner.config import redact
 from tuner.driver.mlflow_ui import runs_url
 
+if TYPE_CHECKING:
+    import optuna
 
-def print_summary(console: Console, study: Any, numbers: set[int], keys: list[str]) -> None:
+    from tuner.config import LaunchConfig
+
+
+def print_summary(console: Console, study: optuna.Study, numbers: set[int], keys: list[str]) -> None:
     """The trials table of this launch's trials (read back from the study: with their verification,
     the incumbent's ``*`` and every other trial's reason), then the study's counts (a continued study's
     include its earlier launches' trials, and say so)."""
@@ -33,7 +39,7 @@ def print_summary(console: Console, study: Any, numbers: set[int], keys: list[st
     console.print(whole + Counts.of(records).line(), highlight=False, markup=False, soft_wrap=True)
 
 
-def print_best(console: Console, doc: dict[str, Any], out: str) -> None:
+def print_best(console: Console, doc: Mapping[str, object], out: str) -> None:
     """The exported trial, its evidence, and where best_config.yaml was written, with its config."""
     from tuner.answer import BestConfig
     from tuner.driver.views import best_yaml
@@ -52,7 +58,7 @@ MLFLOW_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves by default
 DASHBOARD = "http://127.0.0.1:8080"  # where ``optuna-dashboard`` serves by default (0.21)
 
 
-def where_to_look(doc: dict[str, Any], storage: str, tracking_uri: str | None, experiment_id: str | None,
+def where_to_look(doc: Mapping[str, object], storage: str, tracking_uri: str | None, experiment_id: str | None,
                   study_id: int | None) -> list[str]:
     """The commands (and URLs) that open the exported trial in the MLflow UI (when the launch tracked)
     and in optuna-dashboard; passwords masked (tuner.config.redact)."""
@@ -78,7 +84,8 @@ def where_to_look(doc: dict[str, Any], storage: str, tracking_uri: str | None, e
     return lines
 
 
-def print_where_to_look(console: Console, doc: dict[str, Any], config: Any, experiment_id: str | None) -> None:
+def print_where_to_look(console: Console, doc: Mapping[str, object], config: LaunchConfig,
+                        experiment_id: str | None) -> None:
     """Print :func:`where_to_look` for this launch's stores."""
     uri = None if config.no_tracking else config.tracking_uri
     for line in where_to_look(doc, config.storage, uri, experiment_id, study_id(config.storage, config.study_name)):
