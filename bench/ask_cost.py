@@ -1,0 +1,138 @@
+"""Ask cost: what one ``study.ask`` (and the trial's suggestions) costs the driver, against the
+number of trials in flight, on the storage and sampler a launch uses; and where that time goes.
+
+For each ``--inflight`` N the script builds a study as a launch on a large cluster would hold it:
+``--finished`` finished trials (their intermediate values every ``--report-every`` steps of
+``--steps``), and N running trials (each with the latest value the driver's batching has written);
+then it times ``--asks`` asks of tuner's sampler (TPE, multivariate, grouped, constant liar:
+``tuner.driver.search.make_sampler``) through the storage a launch opens (an Optuna RDB storage with
+heartbeats, ``tuner.driver.liveness``), each followed by the config's suggestions
+(``tuner.spaces``), as ``Search._start_trial`` does. The studies are built with a random
+sampler (cheap) and only the timed asks use TPE. With ``--profile``, one more ask at the largest N
+runs under cProfile and the functions that took most of it are printed.
+
+    .venv/bin/python bench/ask_cost.py [--inflight 50 200 500 1000] [--finished 200] [--asks 5] [--profile]
+    .venv/bin/python bench/ask_cost.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any
+
+from benchlib import BENCH, MODEL, ROOT, median, print_header, table, write_json
+
+
+def build(storage_url: str, finished: int, inflight: int, steps: int, report_every: int) -> tuple[Any, Any]:
+    """A study with ``finished`` finished and ``inflight`` running trials; and the space."""
+    import optuna
+
+    from tuner.driver.liveness import Liveness
+    from tuner.models import load_model
+    from tuner.spaces import load_space
+
+    model = load_model(MODEL)
+    space = load_space(ROOT / "search_spaces" / f"{MODEL}.yaml", MODEL, model.knobs)
+    liveness = Liveness(30)
+    study = optuna.create_study(storage=liveness.storage(storage_url), direction="minimize",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for n in range(finished + inflight):
+            trial = study.ask()
+            space.suggest(trial)
+            if n < finished:
+                for step in range(report_every, steps + 1, report_every):
+                    trial.report(1.0 / step, step)
+                if n % 5 == 0:  # about a fifth diverge: PRUNED at their divergence step
+                    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                else:
+                    study.tell(trial, 0.1 + (n % 17) / 100)
+            else:
+                trial.report(0.5, report_every)  # the latest value the driver's batching wrote
+    return study, space
+
+
+def timed_asks(study: Any, space: Any, asks: int) -> list[float]:
+    """Seconds of each of ``asks`` asks with tuner's sampler, each with its suggestions."""
+    from tuner.driver.search import make_sampler
+
+    study.sampler = make_sampler("tpe", 0, len(space.searched()))
+    seconds = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(asks):
+            started = time.perf_counter()
+            space.suggest(study.ask())
+            seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def profile_ask(study: Any, space: Any, top: int = 15) -> str:
+    """cProfile of one more ask: the functions with the most cumulative time."""
+    profiler = cProfile.Profile()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        profiler.enable()
+        space.suggest(study.ask())
+        profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
+    return out.getvalue()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--inflight", type=int, nargs="+", default=[50, 200, 500, 1000])
+    p.add_argument("--finished", type=int, default=200)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--report-every", type=int, default=25)
+    p.add_argument("--asks", type=int, default=5)
+    p.add_argument("--storage", default="sqlite", help="sqlite (a file per study), or an RDB URL to write to")
+    p.add_argument("--profile", action="store_true", help="cProfile one ask at the largest --inflight")
+    p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    if args.smoke:
+        args.inflight, args.finished, args.asks, args.profile = [4, 8], 10, 2, True
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    print_header(f"ask cost: TPE (tuner's settings) on {args.storage}, {args.finished} finished trials of "
+                 f"{args.steps} steps, a value every {args.report_every}; {args.asks} asks per point")
+    rows, profile = [], ""
+    for inflight in args.inflight:
+        with tempfile.TemporaryDirectory(prefix="tuner-ask-cost-") as tmp:
+            url = f"sqlite:///{tmp}/optuna.db" if args.storage == "sqlite" else args.storage
+            started = time.perf_counter()
+            study, space = build(url, args.finished, inflight, args.steps, args.report_every)
+            built = time.perf_counter() - started
+            seconds = timed_asks(study, space, args.asks)
+            if args.profile and inflight == max(args.inflight):
+                profile = profile_ask(study, space)
+        rows.append({"inflight": inflight, "finished": args.finished, "median_s": median(seconds),
+                     "max_s": max(seconds), "built_s": built})
+        print(f"  {inflight} in flight: ask + suggest median {median(seconds):.3f} s (max {max(seconds):.3f} s)",
+              flush=True)
+    print(table(["trials in flight", "finished", "ask median s", "ask max s"],
+                [[r["inflight"], r["finished"], r["median_s"], r["max_s"]] for r in rows]))
+    if profile:
+        print(f"cProfile of one ask at {max(args.inflight)} in flight (cumulative):")
+        print(profile)
+    first, last = rows[0], rows[-1]
+    growth = last["median_s"] / first["median_s"] if first["median_s"] else float("nan")
+    print(f"RESULT ask_cost median = {last['median_s']:.3f} s at {last['inflight']} in flight, "
+          f"{first['median_s']:.3f} s at {first['inflight']} ({growth:.1f}x)")
+    write_json(args.json, {"rows": rows})
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(BENCH))
+    main()
