@@ -5,13 +5,17 @@ For each ``--inflight`` N the script builds a study as a launch on a large clust
 ``--finished`` finished trials (their intermediate values every ``--report-every`` steps of
 ``--steps``), and N running trials (each with the latest value the driver's batching has written);
 then it times ``--asks`` asks of tuner's sampler (TPE, multivariate, grouped, constant liar:
-``tuner.driver.search.make_sampler``) through the storage a launch opens (an Optuna RDB storage with
-heartbeats, ``tuner.driver.liveness``), each followed by the config's suggestions
-(``tuner.spaces``), as ``Search._start_trial`` does. The studies are built with a random
-sampler (cheap) and only the timed asks use TPE. With ``--profile``, one more ask at the largest N
-runs under cProfile and the functions that took most of it are printed.
+``tuner.driver.search.make_sampler``), each followed by the config's suggestions (``tuner.spaces``),
+as ``Search._start_trial`` does; through the storage a launch opens (``--cache driver``: an Optuna RDB
+storage with heartbeats that keeps the driver's running trials in memory, ``tuner.driver.liveness``
+and ``tuner.hooks.driver_storage``) and through Optuna's own cache over the same database
+(``--cache optuna``, what launches used before: it reads every trial in flight back at each read).
+The studies are built with a random sampler (cheap) and only the timed asks use TPE. With
+``--profile``, one more ask at the largest N runs under cProfile and the functions that took most
+of it are printed.
 
-    .venv/bin/python bench/ask_cost.py [--inflight 50 200 500 1000] [--finished 200] [--asks 5] [--profile]
+    .venv/bin/python bench/ask_cost.py [--inflight 50 200 500 1000] [--finished 200] [--asks 5]
+        [--cache driver optuna] [--profile]
     .venv/bin/python bench/ask_cost.py --smoke
 """
 
@@ -30,8 +34,10 @@ from typing import Any
 from benchlib import BENCH, MODEL, ROOT, median, print_header, table, write_json
 
 
-def build(storage_url: str, finished: int, inflight: int, steps: int, report_every: int) -> tuple[Any, Any]:
-    """A study with ``finished`` finished and ``inflight`` running trials; and the space."""
+def build(storage_url: str, finished: int, inflight: int, steps: int, report_every: int,
+          cache: str) -> tuple[Any, Any]:
+    """A study with ``finished`` finished and ``inflight`` running trials; and the space. ``cache``:
+    "driver" (the storage a launch opens) or "optuna" (Optuna's own cache over the same database)."""
     import optuna
 
     from tuner.driver.liveness import Liveness
@@ -41,7 +47,11 @@ def build(storage_url: str, finished: int, inflight: int, steps: int, report_eve
     model = load_model(MODEL)
     space = load_space(ROOT / "search_spaces" / f"{MODEL}.yaml", MODEL, model.knobs)
     liveness = Liveness(30)
-    study = optuna.create_study(storage=liveness.storage(storage_url), direction="minimize",
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        storage = (liveness.storage(storage_url) if cache == "driver" else
+                   optuna.storages.RDBStorage(storage_url, heartbeat_interval=liveness.interval))
+    study = optuna.create_study(storage=storage, direction="minimize",
                                 sampler=optuna.samplers.RandomSampler(seed=0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -96,6 +106,8 @@ def main() -> None:
     p.add_argument("--report-every", type=int, default=25)
     p.add_argument("--asks", type=int, default=5)
     p.add_argument("--storage", default="sqlite", help="sqlite (a file per study), or an RDB URL to write to")
+    p.add_argument("--cache", nargs="+", choices=["driver", "optuna"], default=["driver", "optuna"],
+                   help="driver: the storage a launch opens (tuner.hooks.driver_storage); optuna: Optuna's own cache")
     p.add_argument("--profile", action="store_true", help="cProfile one ask at the largest --inflight")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
     p.add_argument("--json", help="write the figures here")
@@ -108,28 +120,31 @@ def main() -> None:
     print_header(f"ask cost: TPE (tuner's settings) on {args.storage}, {args.finished} finished trials of "
                  f"{args.steps} steps, a value every {args.report_every}; {args.asks} asks per point")
     rows, profile = [], ""
-    for inflight in args.inflight:
-        with tempfile.TemporaryDirectory(prefix="tuner-ask-cost-") as tmp:
-            url = f"sqlite:///{tmp}/optuna.db" if args.storage == "sqlite" else args.storage
-            started = time.perf_counter()
-            study, space = build(url, args.finished, inflight, args.steps, args.report_every)
-            built = time.perf_counter() - started
-            seconds = timed_asks(study, space, args.asks)
-            if args.profile and inflight == max(args.inflight):
-                profile = profile_ask(study, space)
-        rows.append({"inflight": inflight, "finished": args.finished, "median_s": median(seconds),
-                     "max_s": max(seconds), "built_s": built})
-        print(f"  {inflight} in flight: ask + suggest median {median(seconds):.3f} s (max {max(seconds):.3f} s)",
-              flush=True)
-    print(table(["trials in flight", "finished", "ask median s", "ask max s"],
-                [[r["inflight"], r["finished"], r["median_s"], r["max_s"]] for r in rows]))
+    for cache in args.cache:
+        for inflight in args.inflight:
+            with tempfile.TemporaryDirectory(prefix="tuner-ask-cost-") as tmp:
+                url = f"sqlite:///{tmp}/optuna.db" if args.storage == "sqlite" else args.storage
+                started = time.perf_counter()
+                study, space = build(url, args.finished, inflight, args.steps, args.report_every, cache)
+                built = time.perf_counter() - started
+                seconds = timed_asks(study, space, args.asks)
+                if args.profile and inflight == max(args.inflight):
+                    profile += f"cProfile of one ask at {inflight} in flight, {cache} cache (cumulative):\n"
+                    profile += profile_ask(study, space)
+            rows.append({"cache": cache, "inflight": inflight, "finished": args.finished,
+                         "median_s": median(seconds), "max_s": max(seconds), "built_s": built})
+            print(f"  {cache} cache, {inflight} in flight: ask + suggest median {median(seconds):.3f} s "
+                  f"(max {max(seconds):.3f} s)", flush=True)
+    print(table(["cache", "trials in flight", "finished", "ask median s", "ask max s"],
+                [[r["cache"], r["inflight"], r["finished"], r["median_s"], r["max_s"]] for r in rows]))
     if profile:
-        print(f"cProfile of one ask at {max(args.inflight)} in flight (cumulative):")
         print(profile)
-    first, last = rows[0], rows[-1]
-    growth = last["median_s"] / first["median_s"] if first["median_s"] else float("nan")
-    print(f"RESULT ask_cost median = {last['median_s']:.3f} s at {last['inflight']} in flight, "
-          f"{first['median_s']:.3f} s at {first['inflight']} ({growth:.1f}x)")
+    for cache in args.cache:
+        mine = [r for r in rows if r["cache"] == cache]
+        first, last = mine[0], mine[-1]
+        growth = last["median_s"] / first["median_s"] if first["median_s"] else float("nan")
+        print(f"RESULT ask_cost {cache} cache median = {last['median_s']:.3f} s at {last['inflight']} in flight, "
+              f"{first['median_s']:.3f} s at {first['inflight']} ({growth:.1f}x)")
     write_json(args.json, {"rows": rows})
 
 

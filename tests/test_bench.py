@@ -19,7 +19,7 @@ BENCH = ROOT / "bench"
 
 # script -> the RESULT lines its smoke run must print
 SCRIPTS = {
-    "ask_cost.py": ["RESULT ask_cost median ="],
+    "ask_cost.py": ["RESULT ask_cost driver cache median =", "RESULT ask_cost optuna cache median ="],
     "overhead.py": ["RESULT overhead tuner =", "RESULT overhead ray_tune_reuse ="],
     "scaling.py": ["RESULT scaling end_to_end =", "RESULT scaling steady ="],
     "pruning.py": ["RESULT pruning steps_fraction =", "RESULT pruning cancel_latency ="],

@@ -74,15 +74,18 @@ class Liveness:
         self._warned = False
         self._live: set[str] = set()  # the drivers live at the last beat: one that drops out died
 
-    def storage(self, url: str) -> optuna.storages.RDBStorage:
-        """An Optuna RDB storage of ``url`` whose stale trials are queued again by this driver."""
+    def storage(self, url: str) -> optuna.storages.BaseStorage:
+        """An Optuna RDB storage of ``url`` whose stale trials are queued again by this driver, and
+        which keeps the trials this driver runs in memory (``tuner.hooks.driver_storage``: an ask
+        does not read every trial in flight back from the database)."""
         engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # two drivers' writes wait
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(
+            backend = optuna.storages.RDBStorage(
                 url, engine_kwargs=engine, heartbeat_interval=self.interval, grace_period=self.grace,
                 heartbeat_stale_trial_callback=self._requeue,
             )
+        return hooks.driver_storage(backend)
 
     def attach(self, study: optuna.Study) -> None:
         """Start beating for this driver's trials of ``study``."""

@@ -1,0 +1,153 @@
+"""The driver's storage (tuner.hooks.driver_storage): Optuna's cache keeping the trials a driver runs
+in memory. What it shows is what the database holds, for this driver's trials and another's; an ask
+reads none of this driver's running trials back; TPE suggests exactly what it suggests through
+Optuna's own cache; it fails open."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner import hooks
+from tuner.driver.search import make_sampler
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _storage(url: str, resync: float = 3600.0) -> optuna.storages.BaseStorage:
+    """A driver's storage whose full reads (which would hide a stale copy) are an hour apart."""
+    return hooks.driver_storage(optuna.storages.RDBStorage(url), resync)
+
+
+def _view(study: optuna.Study) -> list[tuple[Any, ...]]:
+    return [(t.number, t.state, t.params, t.distributions, t.intermediate_values, t.user_attrs, t.value)
+            for t in study.get_trials()]
+
+
+def _stored(url: str) -> list[tuple[Any, ...]]:
+    """The study as a fresh reader (Optuna's own cache, nothing held) sees it in the database."""
+    return _view(optuna.load_study(study_name="s", storage=url))
+
+
+def test_driver_storage_shows_what_the_database_holds_to_two_drivers(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    a = optuna.create_study(study_name="s", storage=_storage(url))
+    b = optuna.load_study(study_name="s", storage=_storage(url))  # a second driver on the same study
+    assert type(a._storage).__name__ == "DriverStorage"
+
+    first, second = a.ask(), a.ask()
+    for trial in (first, second):
+        trial.suggest_float("lr", 1e-4, 1.0, log=True)
+        trial.suggest_int("max_iter", 1, 32)
+    first.set_user_attr("tuner.driver", "a")
+    first.report(0.3, 25)
+    assert hooks.insert_intermediate_values([(first, {50: 0.2}), (second, {25: 0.5, 50: 0.4, 75: 9.0})])
+    assert hooks.delete_intermediate_values_from(second, 75)
+    other = b.ask()  # the other driver's trial, running
+    other.suggest_float("lr", 1e-4, 1.0, log=True)
+    other.report(0.7, 25)
+    a.enqueue_trial({"lr": 0.01})  # WAITING: the other driver starts it
+    popped = b.ask()
+    assert popped.suggest_float("lr", 1e-4, 1.0, log=True) == 0.01  # b read the WAITING trial a made
+    assert _view(a) == _view(b) == _stored(url)  # 4 running: 2 of a, 2 of b (one enqueued by a)
+
+    a.tell(first, 0.2)
+    hooks.tell_pruned_without_value(a, second.number)
+    b.tell(other, 0.1)
+    third = a.ask()
+    third.suggest_float("lr", 1e-4, 1.0, log=True)
+    third.set_user_attr("tuner.reason", "x")
+    assert _view(a) == _view(b) == _stored(url)
+    states = [t.state for t in a.get_trials()]
+    assert states.count(optuna.trial.TrialState.RUNNING) == 2 and states.count(optuna.trial.TrialState.COMPLETE) == 2
+
+
+def test_a_trial_another_launch_failed_is_read_back_at_the_next_write_or_full_read(tmp_path: Path) -> None:
+    """Another launch fails this driver's trial as stale: this driver's copy says RUNNING until it
+    writes to the trial (which fails as the database says, and reads it back) or reads in full."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    a = optuna.create_study(study_name="s", storage=_storage(url))
+    b = optuna.load_study(study_name="s", storage=_storage(url))
+    mine, again = a.ask(), a.ask()
+    assert len(a.get_trials()) == 2  # a reads its new trials back once; from now on its copies serve
+    for trial in (mine, again):
+        assert hooks.fail_trial(b, hooks.frozen_trial(b, trial.number), {"tuner.reason": "stale"})
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        mine.set_user_attr("tuner.record", "{}")
+    assert a.get_trials()[mine.number].state == optuna.trial.TrialState.FAIL
+    assert a.get_trials()[again.number].state == optuna.trial.TrialState.RUNNING  # not written since
+    full = optuna.load_study(study_name="s", storage=_storage(url, resync=0.0))  # every read a full one
+    full.ask()
+    assert _view(full) == _stored(url)
+
+
+def test_an_ask_reads_none_of_the_drivers_own_running_trials_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optuna's cache reads every unfinished trial back at each read, several reads per ask with TPE
+    and the constant liar: O(trials in flight) per ask. Here only the others' are read."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    backend = optuna.storages.RDBStorage(url)
+    storage = hooks.driver_storage(backend, resync=3600.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study = optuna.create_study(study_name="s", storage=storage, sampler=make_sampler("tpe", 0, 2))
+        for _ in range(30):
+            trial = study.ask()
+            trial.suggest_float("lr", 1e-4, 1.0, log=True)
+            trial.report(0.5, 25)
+        other = optuna.load_study(study_name="s", storage=url).ask()  # another driver's, in flight
+        other.suggest_float("lr", 1e-4, 1.0, log=True)
+        read: list[int] = []
+        real = backend._get_trials
+
+        def counted(*args: Any, **kwargs: Any) -> list[optuna.trial.FrozenTrial]:
+            trials = real(*args, **kwargs)
+            read.extend(t.number for t in trials)
+            return trials
+
+        monkeypatch.setattr(backend, "_get_trials", counted)
+        asked = []
+        for _ in range(3):
+            asked.append(study.ask())
+            asked[-1].suggest_float("lr", 1e-4, 1.0, log=True)
+    assert read.count(other.number) >= 3  # the other driver's trial in flight: read at each read
+    assert not set(read) & set(range(30))  # through Optuna's cache: all 31 in flight, at each read
+    assert all(read.count(trial.number) <= 1 for trial in asked)  # a new trial: read back once
+
+
+def test_tpe_suggests_the_same_through_the_drivers_storage_as_through_optunas_cache(tmp_path: Path) -> None:
+    def run(storage: object) -> list[dict[str, Any]]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            study = optuna.create_study(storage=storage, sampler=make_sampler("tpe", 7, 2))  # type: ignore[arg-type]
+            running = []
+            for n in range(24):
+                trial = study.ask()
+                trial.suggest_float("lr", 1e-4, 1.0, log=True)
+                trial.suggest_int("max_iter", 1, 32)
+                trial.report(float(n % 5), 25)
+                running.append(trial)
+                if n % 3 == 2:  # trials end while others are in flight (the constant liar's case)
+                    done = running.pop(0)
+                    study.tell(done, done.params["lr"] * done.params["max_iter"])
+        return [t.params for t in study.trials]
+
+    ours = run(_storage(f"sqlite:///{tmp_path / 'a.db'}"))
+    assert ours == run(optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'b.db'}"))
+    assert len({p["lr"] for p in ours}) == len(ours)
+
+
+def test_driver_storage_is_optunas_own_cache_without_the_rdb_internals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    backend = optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'o.db'}")
+    monkeypatch.delattr(optuna.storages.RDBStorage, "_get_trials")  # an Optuna that reads trials otherwise
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
+        assert hooks.driver_storage(backend) is backend
+    assert "Optuna's own cache serves" in caplog.text
