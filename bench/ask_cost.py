@@ -14,7 +14,7 @@ The studies are built with a random sampler (cheap) and only the timed asks use 
 ``--profile``, one more ask at the largest N runs under cProfile and the functions that took most
 of it are printed.
 
-    .venv/bin/python bench/ask_cost.py [--inflight 50 200 500 1000] [--finished 200] [--asks 5]
+    .venv/bin/python bench/ask_cost.py [--inflight 50 200 500 1000] [--finished 200 ...] [--asks 5]
         [--cache driver optuna] [--profile]
     .venv/bin/python bench/ask_cost.py --smoke
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import itertools
 import pstats
 import sys
 import tempfile
@@ -101,7 +102,7 @@ def profile_ask(study: Any, space: Any, top: int = 15) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--inflight", type=int, nargs="+", default=[50, 200, 500, 1000])
-    p.add_argument("--finished", type=int, default=200)
+    p.add_argument("--finished", type=int, nargs="+", default=[200], help="finished trials (the sampler's history)")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--report-every", type=int, default=25)
     p.add_argument("--asks", type=int, default=5)
@@ -113,38 +114,41 @@ def main() -> None:
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     if args.smoke:
-        args.inflight, args.finished, args.asks, args.profile = [4, 8], 10, 2, True
+        args.inflight, args.finished, args.asks, args.profile = [4, 8], [10], 2, True
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    print_header(f"ask cost: TPE (tuner's settings) on {args.storage}, {args.finished} finished trials of "
+    print_header(f"ask cost: TPE (tuner's settings) on {args.storage}, finished trials of "
                  f"{args.steps} steps, a value every {args.report_every}; {args.asks} asks per point")
     rows, profile = [], ""
-    for cache in args.cache:
-        for inflight in args.inflight:
-            with tempfile.TemporaryDirectory(prefix="tuner-ask-cost-") as tmp:
-                url = f"sqlite:///{tmp}/optuna.db" if args.storage == "sqlite" else args.storage
-                started = time.perf_counter()
-                study, space = build(url, args.finished, inflight, args.steps, args.report_every, cache)
-                built = time.perf_counter() - started
-                seconds = timed_asks(study, space, args.asks)
-                if args.profile and inflight == max(args.inflight):
-                    profile += f"cProfile of one ask at {inflight} in flight, {cache} cache (cumulative):\n"
-                    profile += profile_ask(study, space)
-            rows.append({"cache": cache, "inflight": inflight, "finished": args.finished,
-                         "median_s": median(seconds), "max_s": max(seconds), "built_s": built})
-            print(f"  {cache} cache, {inflight} in flight: ask + suggest median {median(seconds):.3f} s "
-                  f"(max {max(seconds):.3f} s)", flush=True)
+    for cache, finished, inflight in itertools.product(args.cache, args.finished, args.inflight):
+        with tempfile.TemporaryDirectory(prefix="tuner-ask-cost-") as tmp:
+            url = f"sqlite:///{tmp}/optuna.db" if args.storage == "sqlite" else args.storage
+            started = time.perf_counter()
+            study, space = build(url, finished, inflight, args.steps, args.report_every, cache)
+            built = time.perf_counter() - started
+            seconds = timed_asks(study, space, args.asks)
+            if args.profile and inflight == max(args.inflight) and finished == max(args.finished):
+                profile += (f"cProfile of one ask at {inflight} in flight, {finished} finished, {cache} cache "
+                            "(cumulative):\n")
+                profile += profile_ask(study, space)
+        rows.append({"cache": cache, "inflight": inflight, "finished": finished,
+                     "median_s": median(seconds), "max_s": max(seconds), "built_s": built})
+        print(f"  {cache} cache, {inflight} in flight, {finished} finished: ask + suggest median "
+              f"{median(seconds):.3f} s (max {max(seconds):.3f} s)", flush=True)
     print(table(["cache", "trials in flight", "finished", "ask median s", "ask max s"],
                 [[r["cache"], r["inflight"], r["finished"], r["median_s"], r["max_s"]] for r in rows]))
     if profile:
         print(profile)
     for cache in args.cache:
-        mine = [r for r in rows if r["cache"] == cache]
-        first, last = mine[0], mine[-1]
-        growth = last["median_s"] / first["median_s"] if first["median_s"] else float("nan")
-        print(f"RESULT ask_cost {cache} cache median = {last['median_s']:.3f} s at {last['inflight']} in flight, "
-              f"{first['median_s']:.3f} s at {first['inflight']} ({growth:.1f}x)")
+        for key, fixed, label in (("inflight", "finished", "in flight"), ("finished", "inflight", "finished")):
+            mine = [r for r in rows if r["cache"] == cache and r[fixed] == rows[0][fixed]]
+            if len(mine) < 2:
+                continue
+            first, last = mine[0], mine[-1]
+            growth = last["median_s"] / first["median_s"] if first["median_s"] else float("nan")
+            print(f"RESULT ask_cost {cache} cache median = {last['median_s']:.3f} s at {last[key]} {label}, "
+                  f"{first['median_s']:.3f} s at {first[key]} ({growth:.1f}x; {first[fixed]} {fixed})")
     write_json(args.json, {"rows": rows})
 
 
