@@ -1,9 +1,9 @@
 """Optuna intermediate values written in batches: many trials' steps in one storage transaction.
 
-``Trial.report`` is one storage transaction per value, and Optuna's storage cache reads every
-running trial afresh, intermediate values included, several times per ``ask`` (TPE's constant liar
-and search space): on a large cluster both cost the driver more than it has (what each costs:
-BENCHMARKS.md, "A driver for a large cluster"; bench/driver_rate.py).
+``Trial.report`` is one storage transaction per value: on a large cluster that costs the driver
+more than it has (BENCHMARKS.md, "A driver for a large cluster"; bench/driver_rate.py). (The other
+cost, Optuna's cache reading every running trial afresh several times per ``ask``, is gone: the
+driver's storage keeps its own running trials in memory, :func:`tuner.hooks.driver_storage`.)
 
 So the search keeps the values here. A running trial's latest value is written at once and then
 at most every ``every`` seconds (its progress shows in Optuna's storage); all of its values are
