@@ -18,6 +18,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tuner.driver import search as search_module
 from tuner.driver.evidence import SeedStream
 from tuner.driver.outcome import Callback, judge
 from tuner.driver.pruning import make_pruner, prune_start
@@ -512,3 +513,21 @@ def test_behind_pruner_compares_finished_trials_at_the_same_step_from_its_first_
     assert not t2.should_prune()  # a divergence is not the pruner's
     t2.report(9.0, 100)  # a step no finished trial reached: nothing to compare with
     assert not t2.should_prune()
+
+
+def test_search_polls_the_runs_in_flight_while_it_fills_a_large_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filling many slots takes many asks: the loop polls the runs already started at least every
+    ``_FILL_S`` seconds instead of after the last ask (here 0 s: a poll after every trial asked)."""
+    monkeypatch.setattr(search_module, "_FILL_S", 0.0)
+    executor = FakeExecutor(slots=20)
+    polled_at: list[int] = []
+    real_poll = executor.poll
+
+    def poll(timeout: float) -> list[RunRecord]:
+        polled_at.append(len(executor.submitted))
+        return real_poll(timeout)
+
+    monkeypatch.setattr(executor, "poll", poll)
+    make_search(10, executor, optuna.samplers.RandomSampler(seed=0)).run()
+    assert polled_at[:3] == [2, 4, 6]  # one trial (2 seed runs) asked between two polls while slots were free
+    assert len(executor.submitted) == 20

@@ -41,6 +41,7 @@ from tuner.spaces import SearchSpace
 
 log = logging.getLogger(__name__)
 _MAX_DUPLICATES = 20  # duplicates asked in one launch after which the space counts as exhausted
+_FILL_S = 0.5  # seconds of asking after which the loop polls the runs in flight (filling a large cluster)
 
 
 @dataclass(frozen=True)
@@ -136,18 +137,25 @@ class Search:
             if self.liveness is not None:
                 self.liveness.maintain()
                 to_ask, others = self._study_open()
-            while to_ask > 0 and self.executor.free() > 0 and self.duplicates < _MAX_DUPLICATES:
+            deadline = time.monotonic() + _FILL_S
+            while self._can_ask(to_ask):
                 if self._start_trial():
                     to_ask -= 1
                     self._open = (self._open[0], self._open[1] - 1, self._open[2])
+                if time.monotonic() >= deadline:
+                    break  # poll the runs in flight, then ask on
             if not self._active and (to_ask <= 0 or self.duplicates >= _MAX_DUPLICATES):
                 if not others:
                     return self.outcomes
                 time.sleep(0.5)  # only other drivers' trials are left: wait for them to end or go stale
-            for record in self.executor.poll(timeout=0.5):
+            for record in self.executor.poll(timeout=0.0 if self._can_ask(to_ask) else 0.5):
                 self._on_record(record)
             signals.raise_if_dropped()
             self._reports.flush_due()
+
+    def _can_ask(self, to_ask: int) -> bool:
+        """Whether a trial is to be asked now: one is owed, a slot is free, the space is not exhausted."""
+        return to_ask > 0 and self.executor.free() > 0 and self.duplicates < _MAX_DUPLICATES
 
     def _study_open(self) -> tuple[int, int]:
         """(trials to ask, other drivers' running trials), counted in the study at most once a second."""
