@@ -74,6 +74,7 @@ def build(storage_url: str, finished: int, inflight: int, steps: int, report_eve
 def timed_asks(study: Any, space: Any, asks: int) -> list[float]:
     """Seconds of each of ``asks`` asks with tuner's sampler, each with its suggestions."""
     from tuner.driver.search import make_sampler
+    from tuner.hooks import flush_params
 
     study.sampler = make_sampler("tpe", 0, len(space.searched()))
     seconds = []
@@ -82,17 +83,21 @@ def timed_asks(study: Any, space: Any, asks: int) -> list[float]:
         for _ in range(asks):
             started = time.perf_counter()
             space.suggest(study.ask())
+            flush_params(study)  # as Search._start_trial does
             seconds.append(time.perf_counter() - started)
     return seconds
 
 
 def profile_ask(study: Any, space: Any, top: int = 15) -> str:
     """cProfile of one more ask: the functions with the most cumulative time."""
+    from tuner.hooks import flush_params
+
     profiler = cProfile.Profile()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         profiler.enable()
         space.suggest(study.ask())
+        flush_params(study)
         profiler.disable()
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)

@@ -44,16 +44,19 @@ def test_driver_storage_shows_what_the_database_holds_to_two_drivers(tmp_path: P
     for trial in (first, second):
         trial.suggest_float("lr", 1e-4, 1.0, log=True)
         trial.suggest_int("max_iter", 1, 32)
+        hooks.flush_params(a)  # as the search does after a trial's suggestions
     first.set_user_attr("tuner.driver", "a")
     first.report(0.3, 25)
     assert hooks.insert_intermediate_values([(first, {50: 0.2}), (second, {25: 0.5, 50: 0.4, 75: 9.0})])
     assert hooks.delete_intermediate_values_from(second, 75)
     other = b.ask()  # the other driver's trial, running
     other.suggest_float("lr", 1e-4, 1.0, log=True)
+    hooks.flush_params(b)
     other.report(0.7, 25)
     a.enqueue_trial({"lr": 0.01})  # WAITING: the other driver starts it
     popped = b.ask()
     assert popped.suggest_float("lr", 1e-4, 1.0, log=True) == 0.01  # b read the WAITING trial a made
+    hooks.flush_params(b)
     assert _view(a) == _view(b) == _stored(url)  # 4 running: 2 of a, 2 of b (one enqueued by a)
 
     a.tell(first, 0.2)
@@ -61,6 +64,7 @@ def test_driver_storage_shows_what_the_database_holds_to_two_drivers(tmp_path: P
     b.tell(other, 0.1)
     third = a.ask()
     third.suggest_float("lr", 1e-4, 1.0, log=True)
+    hooks.flush_params(a)
     third.set_user_attr("tuner.reason", "x")
     assert _view(a) == _view(b) == _stored(url)
     states = [t.state for t in a.get_trials()]
@@ -151,3 +155,54 @@ def test_driver_storage_is_optunas_own_cache_without_the_rdb_internals(
     with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
         assert hooks.driver_storage(backend) is backend
     assert "Optuna's own cache serves" in caplog.text
+
+
+def test_a_trials_parameters_are_written_in_one_transaction_and_checked_at_once(tmp_path: Path) -> None:
+    import sqlalchemy
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    backend = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=hooks.driver_storage(backend, resync=3600.0))
+
+    def suggest(trial: optuna.trial.Trial) -> None:
+        for name in ("a", "b", "c", "d"):
+            trial.suggest_float(name, 0.0, 1.0)
+
+    suggest(study.ask())  # the study's first trial: each distribution is new, written through
+    wrote, commits = [False], []  # transactions that wrote: reads commit too
+
+    def statement(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
+        wrote[0] = wrote[0] or sql.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))
+
+    def commit(_conn: Any) -> None:
+        if wrote[0]:
+            commits.append(1)
+        wrote[0] = False
+
+    sqlalchemy.event.listen(backend.engine, "before_cursor_execute", statement)
+    sqlalchemy.event.listen(backend.engine, "commit", commit)
+    second = study.ask()
+    asked = len(commits)
+    suggest(second)
+    assert len(commits) == asked  # held
+    hooks.flush_params(study)
+    assert len(commits) == asked + 1  # four parameters, one transaction
+    assert optuna.load_study(study_name="s", storage=url).trials[1].params == second.params
+    with pytest.raises(ValueError, match="Cannot set different distribution kind"):
+        study.ask().suggest_int("a", 0, 3)  # as through Optuna's own storage: at the suggestion
+
+
+def test_parameters_held_for_a_trial_another_launch_failed_do_not_hold_back_the_others(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    a = optuna.create_study(study_name="s", storage=_storage(url))
+    b = optuna.load_study(study_name="s", storage=_storage(url))
+    a.ask().suggest_float("x", 0.0, 1.0)
+    failed, kept = a.ask(), a.ask()
+    assert len(a.get_trials()) == 3  # read back once
+    failed.suggest_float("x", 0.0, 1.0)
+    kept.suggest_float("x", 0.0, 1.0)
+    assert hooks.fail_trial(b, hooks.frozen_trial(b, failed.number))
+    hooks.flush_params(a)
+    stored = optuna.load_study(study_name="s", storage=url).trials
+    assert stored[kept.number].params == kept.params and stored[failed.number].params == {}
+    assert a.get_trials()[failed.number].state == optuna.trial.TrialState.FAIL

@@ -449,9 +449,11 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S) -> BaseStorage
     since the last read (its own included, once). Every ``resync`` seconds a read is a full one, as
     Optuna's (this driver's trials too: it repairs any drift, such as a trial another launch failed
     as stale). A trial this driver creates is read back once, by the next read. A state this storage
-    writes is read back from the database (one trial). Batched and deleted intermediate values
-    (:func:`insert_intermediate_values`, :func:`delete_intermediate_values_from`) update the copies
-    too.
+    writes is read back from the database (one trial). A parameter whose distribution the study
+    holds already is checked at once and written with the trial's others in one transaction
+    (:func:`flush_params`, or the storage's next read or write). Batched and deleted intermediate
+    values (:func:`insert_intermediate_values`, :func:`delete_intermediate_values_from`) update the
+    copies too.
 
     Fails open: when Optuna's cache or its RDB internals are not where this looks
     (``optuna.storages._cached_storage``, ``RDBStorage._get_trials``), ``backend`` is returned, which
@@ -467,6 +469,15 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S) -> BaseStorage
         return backend
     storage: BaseStorage = cls(backend, resync)
     return storage
+
+
+def flush_params(study: optuna.Study) -> None:
+    """Write the parameters a :func:`driver_storage` holds for ``study``'s trials (it writes a trial's
+    parameters in one transaction, at its next read or write, or here: after a trial's suggestions).
+    Does nothing on another storage."""
+    flush = getattr(getattr(study, "_storage", None), "flush_params", None)
+    if flush is not None:
+        flush()
 
 
 def _driver_storage_class() -> type:
@@ -488,6 +499,8 @@ def _driver_storage_class() -> type:
             self._seen: dict[int, int] = {}  # study id -> the largest trial id read
             self._resync = resync
             self._synced: dict[int, float] = {}  # study id -> time.monotonic() of its last full read
+            # trial id -> parameters not written yet: (name, internal value, distribution, the study's)
+            self._params: dict[int, list[tuple[str, float, Any, Any]]] = {}
 
         def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
             trial_id: int = super().create_new_trial(study_id, template_trial)
@@ -500,7 +513,7 @@ def _driver_storage_class() -> type:
                     study.unfinished_trial_ids.add(trial_id)
             return trial_id
 
-        def _read_trials_from_remote_storage(self, study_id: int) -> None:
+        def _read(self, study_id: int) -> None:
             with self._lock:
                 study = self._studies.setdefault(study_id, _StudyInfo())
                 now = time.monotonic()
@@ -541,9 +554,42 @@ def _driver_storage_class() -> type:
                     study.unfinished_trial_ids.discard(trial_id)
                 self._classify(study_id, study, trial)
 
+        def flush_params(self) -> None:
+            """Write the parameters :meth:`set_trial_param` holds, all trials' in one transaction (a
+            trial finished meanwhile, failed as stale by another launch, is read back instead)."""
+            from optuna.storages._rdb.storage import _create_scoped_session
+
+            with self._lock:
+                held, self._params = self._params, {}
+            if not held:
+                return
+
+            def write(session: Any, trial_id: int) -> None:
+                for name, value, distribution, known in held[trial_id]:
+                    self._backend._set_trial_param_without_commit(session, trial_id, name, value, distribution,
+                                                                  known)
+
+            try:
+                with _create_scoped_session(self._backend.scoped_session, True) as session:
+                    for trial_id in held:
+                        write(session, trial_id)
+            except optuna.exceptions.UpdateFinishedTrialError:  # one trial failed by another launch
+                for trial_id in held:
+                    try:
+                        with _create_scoped_session(self._backend.scoped_session, True) as session:
+                            write(session, trial_id)
+                    except optuna.exceptions.UpdateFinishedTrialError:
+                        self._reread(trial_id)
+
+        def _read_trials_from_remote_storage(self, study_id: int) -> None:
+            if time.monotonic() - self._synced.get(study_id, -float("inf")) >= self._resync:
+                self.flush_params()  # a full read replaces this driver's copies with the database's
+            self._read(study_id)
+
         def _through(self, trial_id: int, write: Callable[[], Any]) -> Any:
-            """``write()`` to the database; where the trial has finished already (another launch
-            failed it as stale), read it back, then raise as the database did."""
+            """``write()`` to the database, after the parameters held; where the trial has finished
+            already (another launch failed it as stale), read it back, then raise as the database did."""
+            self.flush_params()
             try:
                 return write()
             except optuna.exceptions.UpdateFinishedTrialError:
@@ -571,8 +617,19 @@ def _driver_storage_class() -> type:
 
         def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
                             distribution: optuna.distributions.BaseDistribution) -> None:
-            self._through(trial_id, lambda: super(DriverStorage, self).set_trial_param(
-                trial_id, param_name, param_value_internal, distribution))
+            with self._lock:
+                known = None
+                if trial_id in self._own:  # a distribution this study holds already: checked here, written later
+                    known = self._studies[self._trial_id_to_study_id_and_number[trial_id][0]].param_distribution.get(
+                        param_name)
+            if known is not None:
+                optuna.distributions.check_distribution_compatibility(known, distribution)
+                with self._lock:
+                    self._params.setdefault(trial_id, []).append(
+                        (param_name, param_value_internal, distribution, known))
+            else:
+                self._through(trial_id, lambda: super(DriverStorage, self).set_trial_param(
+                    trial_id, param_name, param_value_internal, distribution))
             value = distribution.to_external_repr(param_value_internal)
 
             def change(t: FrozenTrial) -> None:
