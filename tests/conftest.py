@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -33,6 +35,27 @@ NO_VERIFY = ["--race-seeds", "0", "--verify-seeds", "0"]
 FINISHED = (0, 3)
 # Optuna state name -> the MLflow status tags that match it (a pruner-stopped trial is PRUNED too)
 STATUSES = {"COMPLETE": ("survived",), "PRUNED": ("diverged", "stopped"), "FAIL": ("failed",)}
+
+
+def made_study(storage: str, name: str) -> Any:
+    """Study ``name`` of the Optuna ``storage`` URL a launch is writing, or None before the launch
+    has created it. A SQLite file is first read with sqlite3, read-only: a reader that opens Optuna's
+    storage while the launch is still making its tables stamps Optuna's schema version too, and one of
+    the two fails (UNIQUE constraint failed: alembic_version)."""
+    import optuna
+
+    if storage.startswith("sqlite:///"):
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{storage[len('sqlite:///'):]}?mode=ro", uri=True,
+                                                    timeout=5)) as conn:
+                if conn.execute("SELECT 1 FROM studies WHERE study_name = ?", (name,)).fetchone() is None:
+                    return None
+        except sqlite3.Error:  # no file yet, or no table yet
+            return None
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        return None
 
 
 def expected_status(trial: Any) -> str:

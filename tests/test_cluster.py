@@ -17,7 +17,7 @@ import optuna
 import pytest
 
 from tests.cluster import RayNodes, free_port, kill_group, start_cluster, start_mlflow_server
-from tests.conftest import FINISHED, NO_VERIFY, ROOT, expected_status, run_tuner
+from tests.conftest import FINISHED, NO_VERIFY, ROOT, expected_status, made_study, run_tuner
 from tuner.driver.trialrecord import read
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]
@@ -62,10 +62,8 @@ def wait_until(condition: Callable[[], bool], timeout: float = 240) -> None:
 
 def states(tmp: Path) -> list[optuna.trial.TrialState]:
     """The trial states so far ([] before the driver has created the study)."""
-    try:
-        return [t.state for t in study(tmp).trials]
-    except KeyError:
-        return []
+    made = made_study(f"sqlite:///{tmp / 't.db'}", "s")
+    return [t.state for t in made.trials] if made is not None else []
 
 
 def finished(tmp: Path) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, run_tuner, terminal_sigint
+from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, made_study, run_tuner, terminal_sigint
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
 
@@ -134,10 +134,10 @@ def _launch_until_one_trial_finished(tmp_path: Path, args: list[str], storage: s
 
 
 def _running_after_one_finished(storage: str) -> bool:
-    try:
-        states = [t.state for t in optuna.load_study(study_name="s1", storage=storage).trials]
-    except KeyError:
+    made = made_study(storage, "s1")
+    if made is None:
         return False
+    states = [t.state for t in made.trials]
     return optuna.trial.TrialState.RUNNING in states and any(s.is_finished() for s in states)
 
 
@@ -209,10 +209,10 @@ def test_fault_joined_cluster_loses_its_only_worker_node_stops_with_one_line(tmp
 
 def _running_steps(storage: str) -> bool:
     """A trial is RUNNING and has reported a step (its run is training on the worker node)."""
-    try:
-        trials = optuna.load_study(study_name="s1", storage=storage).trials
-    except KeyError:
+    made = made_study(storage, "s1")
+    if made is None:
         return False
+    trials = made.trials
     return any(t.state == optuna.trial.TrialState.RUNNING and t.intermediate_values for t in trials)
 
 

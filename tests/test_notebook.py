@@ -27,7 +27,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager, start_new_kernel
 from nbclient import NotebookClient
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, made_study
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
 
@@ -164,10 +164,10 @@ def test_notebook_kernel_interrupt_during_launch_raises_interrupted_and_leaves_t
 
 
 def _training(storage: str) -> bool:
-    try:
-        trials = optuna.load_study(study_name="s1", storage=storage).trials
-    except KeyError:  # the study is not created yet
+    made = made_study(storage, "s1")
+    if made is None:
         return False
+    trials = made.trials
     return any(t.state == optuna.trial.TrialState.RUNNING and t.intermediate_values for t in trials)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import FINISHED, NO_VERIFY, ROOT
+from tests.conftest import FINISHED, NO_VERIFY, ROOT, made_study
 from tuner.driver import reaper
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -206,10 +206,10 @@ def _worker_runs(pid: int) -> bool:
 
 
 def _trial_running(storage: str) -> bool:
-    try:
-        trials = optuna.load_study(study_name="s1", storage=storage).trials
-    except KeyError:
+    made = made_study(storage, "s1")
+    if made is None:
         return False
+    trials = made.trials
     return any(t.state == optuna.trial.TrialState.RUNNING for t in trials)
 
 
