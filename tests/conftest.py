@@ -58,6 +58,15 @@ def made_study(storage: str, name: str) -> Any:
         return None
 
 
+def training(storage: str, name: str = "s1") -> bool:
+    """A trial of the launch's study ``name`` is RUNNING and has reported a step (a run is training)."""
+    import optuna
+
+    made = made_study(storage, name)
+    return made is not None and any(
+        t.state == optuna.trial.TrialState.RUNNING and t.intermediate_values for t in made.trials)
+
+
 def expected_status(trial: Any) -> str:
     """The MLflow ``status`` tag an Optuna trial's run must have (checked against its state)."""
     from tuner.driver.trialrecord import read

@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, made_study, run_tuner, terminal_sigint
+from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, ROOT, made_study, run_tuner, terminal_sigint, training
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
 
@@ -187,7 +187,7 @@ def test_fault_joined_cluster_loses_its_only_worker_node_stops_with_one_line(tmp
             driver = subprocess.Popen([sys.executable, "-m", "tuner", *args], cwd=tmp_path, stdout=out,
                                       stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(ROOT)})
         deadline = time.monotonic() + 240
-        while not _running_steps(storage):
+        while not training(storage):  # a run is training on the worker node
             assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         kill_group(nodes.workers[0])
@@ -205,15 +205,6 @@ def test_fault_joined_cluster_loses_its_only_worker_node_stops_with_one_line(tmp
     client = MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
     experiment = client.get_experiment_by_name("s1").experiment_id
     assert not [r.info.run_id for r in client.search_runs([experiment]) if r.info.status == "RUNNING"]
-
-
-def _running_steps(storage: str) -> bool:
-    """A trial is RUNNING and has reported a step (its run is training on the worker node)."""
-    made = made_study(storage, "s1")
-    if made is None:
-        return False
-    trials = made.trials
-    return any(t.state == optuna.trial.TrialState.RUNNING and t.intermediate_values for t in trials)
 
 
 def test_fault_full_disk_under_out_keeps_the_earlier_best_config_one_line_exit_6(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager, start_new_kernel
 from nbclient import NotebookClient
 
-from tests.conftest import ROOT, made_study
+from tests.conftest import ROOT, training
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.tf]
 
@@ -127,7 +127,7 @@ def test_notebook_kernel_interrupt_during_launch_raises_interrupted_and_leaves_t
     storage = f"sqlite:///{tmp_path / 't.db'}"
     msg_id = kc.execute(LONG_LAUNCH)
     deadline = time.monotonic() + 240
-    while not _training(storage):  # a trial is running and has reported a step: training is in flight
+    while not training(storage):  # a trial is running and has reported a step: training is in flight
         assert time.monotonic() < deadline and km.is_alive()
         time.sleep(0.2)
     km.interrupt_kernel()  # the notebook's stop button: SIGINT to the kernel's process group
@@ -161,14 +161,6 @@ def test_notebook_kernel_interrupt_during_launch_raises_interrupted_and_leaves_t
     assert again["content"]["status"] == "ok", again["content"]
     kept = sum(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in trials)
     assert f"<tuner.Result study='s1' trials={kept}: " in "".join(out), out
-
-
-def _training(storage: str) -> bool:
-    made = made_study(storage, "s1")
-    if made is None:
-        return False
-    trials = made.trials
-    return any(t.state == optuna.trial.TrialState.RUNNING and t.intermediate_values for t in trials)
 
 
 def _iopub(kc: BlockingKernelClient, msg_id: str) -> list[dict[str, Any]]:
