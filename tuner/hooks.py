@@ -461,7 +461,7 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S) -> BaseStorage
     """
     try:
         cls = _driver_storage_class()
-        for name in ("_get_trials", "_create_new_trial"):
+        for name in ("_get_trials", "_create_new_trial", "_set_trial_param_without_commit"):
             if not callable(getattr(backend, name, None)):
                 raise AttributeError(f"RDBStorage has no {name}")
     except (ImportError, AttributeError) as exc:
@@ -488,6 +488,7 @@ def _driver_storage_class() -> type:
 
     import optuna
     from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
+    from optuna.storages._rdb.storage import _create_scoped_session
 
     running = optuna.trial.TrialState.RUNNING
     from optuna.trial import FrozenTrial
@@ -513,11 +514,14 @@ def _driver_storage_class() -> type:
                     study.unfinished_trial_ids.add(trial_id)
             return trial_id
 
-        def _read(self, study_id: int) -> None:
+        def _read_trials_from_remote_storage(self, study_id: int) -> None:
+            now = time.monotonic()
+            full = now - self._synced.get(study_id, -float("inf")) >= self._resync
+            if full:
+                self.flush_params()  # a full read replaces this driver's copies with the database's
             with self._lock:
                 study = self._studies.setdefault(study_id, _StudyInfo())
-                now = time.monotonic()
-                if now - self._synced.get(study_id, -float("inf")) >= self._resync:
+                if full:
                     self._synced[study_id] = now
                     own = {tid for tid in self._own if self._trial_id_to_study_id_and_number[tid][0] == study_id}
                     included, after = study.unfinished_trial_ids | own, study.last_finished_trial_id
@@ -557,8 +561,6 @@ def _driver_storage_class() -> type:
         def flush_params(self) -> None:
             """Write the parameters :meth:`set_trial_param` holds, all trials' in one transaction (a
             trial finished meanwhile, failed as stale by another launch, is read back instead)."""
-            from optuna.storages._rdb.storage import _create_scoped_session
-
             with self._lock:
                 held, self._params = self._params, {}
             if not held:
@@ -580,11 +582,6 @@ def _driver_storage_class() -> type:
                             write(session, trial_id)
                     except optuna.exceptions.UpdateFinishedTrialError:
                         self._reread(trial_id)
-
-        def _read_trials_from_remote_storage(self, study_id: int) -> None:
-            if time.monotonic() - self._synced.get(study_id, -float("inf")) >= self._resync:
-                self.flush_params()  # a full read replaces this driver's copies with the database's
-            self._read(study_id)
 
         def _through(self, trial_id: int, write: Callable[[], Any]) -> Any:
             """``write()`` to the database, after the parameters held; where the trial has finished
