@@ -15,7 +15,7 @@ The studies are built with a random sampler (cheap) and only the timed asks use 
 of it are printed.
 
     .venv/bin/python bench/ask_cost.py [--inflight 50 200 500 1000] [--finished 200 ...] [--asks 5]
-        [--cache driver optuna] [--profile]
+        [--cache driver optuna] [--tpe-window 0 1000] [--profile]
     .venv/bin/python bench/ask_cost.py --smoke
 """
 
@@ -71,12 +71,15 @@ def build(storage_url: str, finished: int, inflight: int, steps: int, report_eve
     return study, space
 
 
-def timed_asks(study: Any, space: Any, asks: int) -> list[float]:
-    """Seconds of each of ``asks`` asks with tuner's sampler, each with its suggestions."""
+def timed_asks(study: Any, space: Any, asks: int, window: int | None = None) -> list[float]:
+    """Seconds of each of ``asks`` asks with tuner's sampler, each with its suggestions; ``window``:
+    the finished trials TPE reads past its best (``tuner.hooks.windowed_tpe``; 0: all, as Optuna's TPE)."""
     from tuner.driver.search import make_sampler
     from tuner.hooks import flush_params
 
     study.sampler = make_sampler("tpe", 0, len(space.searched()))
+    if window is not None:
+        study.sampler.window = window or 10**12
     seconds = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -114,6 +117,9 @@ def main() -> None:
     p.add_argument("--storage", default="sqlite", help="sqlite (a file per study), or an RDB URL to write to")
     p.add_argument("--cache", nargs="+", choices=["driver", "optuna"], default=["driver", "optuna"],
                    help="driver: the storage a launch opens (tuner.hooks.driver_storage); optuna: Optuna's own cache")
+    p.add_argument("--tpe-window", type=int, nargs="+", default=[None],
+                   help="finished trials TPE reads past its best 25 (0: all of them; default: tuner's, "
+                        "tuner.hooks.TPE_WINDOW); each is timed on the same study")
     p.add_argument("--profile", action="store_true", help="cProfile one ask at the largest --inflight")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
     p.add_argument("--json", help="write the figures here")
@@ -132,22 +138,27 @@ def main() -> None:
             started = time.perf_counter()
             study, space = build(url, finished, inflight, args.steps, args.report_every, cache)
             built = time.perf_counter() - started
-            seconds = timed_asks(study, space, args.asks)
+            timed = {w: timed_asks(study, space, args.asks, w) for w in args.tpe_window}
+            seconds = timed[args.tpe_window[0]]
             if args.profile and inflight == max(args.inflight) and finished == max(args.finished):
                 profile += (f"cProfile of one ask at {inflight} in flight, {finished} finished, {cache} cache "
                             "(cumulative):\n")
                 profile += profile_ask(study, space)
-        rows.append({"cache": cache, "inflight": inflight, "finished": finished,
-                     "median_s": median(seconds), "max_s": max(seconds), "built_s": built})
-        print(f"  {cache} cache, {inflight} in flight, {finished} finished: ask + suggest median "
-              f"{median(seconds):.3f} s (max {max(seconds):.3f} s)", flush=True)
-    print(table(["cache", "trials in flight", "finished", "ask median s", "ask max s"],
-                [[r["cache"], r["inflight"], r["finished"], r["median_s"], r["max_s"]] for r in rows]))
+        for window, seconds in timed.items():
+            rows.append({"cache": cache, "inflight": inflight, "finished": finished, "tpe_window": window,
+                         "median_s": median(seconds), "max_s": max(seconds), "built_s": built})
+            print(f"  {cache} cache, {inflight} in flight, {finished} finished, TPE window "
+                  f"{'tuner default' if window is None else window or 'none'}: ask + suggest median "
+                  f"{median(seconds):.3f} s (max {max(seconds):.3f} s)", flush=True)
+    print(table(["cache", "trials in flight", "finished", "TPE window", "ask median s", "ask max s"],
+                [[r["cache"], r["inflight"], r["finished"], "default" if r["tpe_window"] is None else r["tpe_window"],
+                  r["median_s"], r["max_s"]] for r in rows]))
     if profile:
         print(profile)
     for cache in args.cache:
         for key, fixed, label in (("inflight", "finished", "in flight"), ("finished", "inflight", "finished")):
-            mine = [r for r in rows if r["cache"] == cache and r[fixed] == rows[0][fixed]]
+            mine = [r for r in rows if r["cache"] == cache and r[fixed] == rows[0][fixed]
+                    and r["tpe_window"] == args.tpe_window[0]]
             if len(mine) < 2:
                 continue
             first, last = mine[0], mine[-1]

@@ -314,3 +314,59 @@ def test_import_without_skips_an_eager_import_a_package_tolerates(
         hooks.import_without("strict", ["strict_heavy"], unless="no_such_module")  # fails open: imported with it
     assert "strict" in sys.modules and "strict_heavy" in sys.modules
     assert "imported with nothing skipped" in caplog.text
+
+
+def _objective_study(sampler: optuna.samplers.BaseSampler, finished: int, running: int = 0) -> optuna.Study:
+    """A study of ``finished`` trials (every fifth PRUNED, as a diverged one) and ``running`` more."""
+    study = optuna.create_study(sampler=sampler)
+    for _ in range(finished):
+        trial = study.ask()
+        x, y = trial.suggest_float("x", 1e-5, 1.0, log=True), trial.suggest_float("y", -1.0, 1.0)
+        if trial.number % 5 == 4:
+            trial.report(1.0, step=trial.number % 7)
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(trial, (x - 0.01) ** 2 + y * y)
+    for _ in range(running):
+        trial = study.ask()
+        trial.suggest_float("x", 1e-5, 1.0, log=True), trial.suggest_float("y", -1.0, 1.0)
+    return study
+
+
+def test_windowed_tpe_is_tpe_itself_up_to_its_window() -> None:
+    args = {"seed": 3, "multivariate": True, "group": True, "constant_liar": True, "n_startup_trials": 4}
+    plain = _objective_study(optuna.samplers.TPESampler(**args), 30, running=2)
+    windowed = _objective_study(hooks.windowed_tpe(window=30, **args), 30, running=2)
+    assert [t.params for t in windowed.trials] == [t.params for t in plain.trials]
+
+
+def test_windowed_tpe_reads_the_best_the_recent_and_the_running_trials_past_its_window() -> None:
+    from optuna.samplers._tpe.sampler import _split_trials
+
+    sampler = hooks.windowed_tpe(window=20, best=5, seed=0, multivariate=True, constant_liar=True, n_startup_trials=4)
+    study = _objective_study(sampler, 120, running=3)
+    trials = study.get_trials(deepcopy=False)
+    seen = sampler.visible(study, trials)  # type: ignore[attr-defined]
+    done = [t for t in trials if t.state.is_finished()]
+    best = {t.number for t in _split_trials(study, done, 5)[0]}
+    running = {t.number for t in trials if t.state is optuna.trial.TrialState.RUNNING}
+    assert {t.number for t in seen} == best | {t.number for t in done[-20:]} | running
+    assert len(best - {t.number for t in done[-20:]}) > 0  # the good group reaches back before the window
+    widths = []
+    visible = sampler.visible  # type: ignore[attr-defined]
+    sampler.visible = lambda s, t: widths.append(len(r := visible(s, t))) or r  # type: ignore[attr-defined]
+    trial = study.ask()
+    assert 1e-5 <= trial.suggest_float("x", 1e-5, 1.0, log=True) <= 1.0
+    assert widths and max(widths) <= 5 + 20 + 4  # every read TPE made went through the window
+
+
+def test_windowed_tpe_reads_every_trial_without_optunas_split(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(hooks, "_windowed_tpe", [])  # the class made below is not kept
+    with caplog.at_level(logging.DEBUG, logger="tuner.hooks"), monkeypatch.context() as gone:
+        gone.delattr("optuna.samplers._tpe.sampler._split_trials")  # (TPE itself needs it back below)
+        sampler = hooks.windowed_tpe(window=10, seed=0)
+    study = _objective_study(sampler, 30)
+    assert len(sampler.visible(study, study.get_trials(deepcopy=False))) == 30  # type: ignore[attr-defined]
+    assert "no window" in caplog.text

@@ -35,7 +35,7 @@ from tuner.driver.pruning import stop_reason
 from tuner.driver.racing import Racing, standing
 from tuner.driver.seeding import SeedPolicy, seed_policy
 from tuner.driver.trialrecord import ATTR, DUPLICATE_OF, REASON, TrialRecord
-from tuner.hooks import flush_params, is_enqueued
+from tuner.hooks import flush_params, is_enqueued, windowed_tpe
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
 
@@ -351,7 +351,9 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
     """The study's sampler: ``random``, or ``tpe`` (multivariate, constant liar for parallel trials).
 
     TPE starts from ``2 x searched`` random trials, between 4 and Optuna's default of 10: on a
-    small space ten random trials often find a good config before TPE has had its say.
+    small space ten random trials often find a good config before TPE has had its say. Past
+    ``tuner.hooks.TPE_WINDOW`` finished trials it reads the best 25 and the most recent ones only
+    (``tuner.hooks.windowed_tpe``), so that an ask does not grow with the study.
     """
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -360,6 +362,5 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # ``group`` is experimental
         # group: a nullable knob's value is suggested only when ``use_<name>`` is true (tuner.spaces.Param),
         # and TPE models each set of params that occur together instead of sampling them independently
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
-                                          n_startup_trials=startup)
+        return windowed_tpe(seed=seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=startup)
 
