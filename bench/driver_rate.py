@@ -1,13 +1,18 @@
 """Driver rate: the highest progress-record rate the driver sustains, and that nothing is lost.
 
 A simulated executor (``SimExecutor``: no TensorFlow, no Ray) stands in for a large cluster: it
-keeps ``--slots`` seed runs going (``--slots`` / 2 trials of 2 seeds) and produces their progress
-records at ``--rate`` records/s in all, each with the telemetry of a real record (loss, gradient
-norm and ``--metrics`` more values: per-weight gradient norms, watched values, clip statistics),
-``--steps`` / ``--report-every`` records per run and a final one. About 10 % of the trials diverge
-on one seed (the sibling is cancelled). Everything else is the real driver: ``tuner.driver.search.Search``
-with TPE on an Optuna SQLite storage with heartbeats (``tuner.driver.liveness``), the MLflow tracker
-(``tuner.driver.tracking.Tracker``) and the terminal view, on iterated_mlp's shipped space.
+keeps ``--slots`` seed runs going and produces their progress records at ``--rate`` records/s in
+all, each with the telemetry of a real record (loss, gradient norm and ``--metrics`` more values:
+per-weight gradient norms, watched values, clip statistics), ``--steps`` / ``--report-every``
+records per run and a final one: by default a launch's run length (600 steps, a record every 25),
+so that N slots at N records/s end about N/24 runs a second, as a cluster of N GPUs would with runs
+of 24 s. About 10 % of the trials diverge on their first seed; a trial's losses are scaled by a
+quality drawn for it, so that the pruner stops some and racing runs others on more seeds.
+Everything else is the real driver: ``tuner.driver.search.Search`` with a launch's defaults (TPE,
+the ``first-seed`` pruner, racing to 8 seeds) on an Optuna SQLite storage with heartbeats
+(``tuner.driver.liveness``), the MLflow tracker (``tuner.driver.tracking.Tracker``) and the terminal
+view, on iterated_mlp's shipped space; after the window, the end-of-launch verification
+(``tuner.driver.verify.verify_study``: 16 fresh seeds at twice the steps, the learning-rate margin).
 
 A measurement produces records for ``--window`` seconds, then stops the search and closes the
 tracker. The driver *sustains* the rate when
@@ -22,10 +27,15 @@ tracker. The driver *sustains* the rate when
   ``--max-drain`` seconds once the records stop. A run's points wait up to 10 s to be sent in one
   call, so the queue fills over the first 10 s: at low rates use a window of 30 s or more;
 - nothing is lost: every record handled is in MLflow: its ``s<i>/loss`` (i the seed's position in
-  the run's ``seeds`` param) as a metric point at its step, its ``grad_norm`` and telemetry values
+  the ``seeds`` param of its run: the trial's own, or the race run that trained it) as a metric
+  point at its step, its ``grad_norm`` and telemetry values
   each as a metric point or in a row of the run's ``telemetry.json`` (where the tracker puts them
   while its queue is long), each exactly once
-  (checked for ``grad_norm`` and one telemetry key, ``grad_norm/layer0/kernel``, on every run).
+  (checked for ``grad_norm`` and one telemetry key, ``grad_norm/layer0/kernel``, on every run);
+  and every trial is terminal in Optuna but those the window's end left in flight.
+
+It also reports the trials ended per second, the driver's CPU in cores, and the median ask (ask,
+suggestions and the parameters' write) once the cluster is (nearly) full, against the runs in flight.
 
 The search for the highest rate doubles from ``--start`` until a rate is not sustained, then
 bisects once between the last two. Backends: MLflow on SQLite (``sqlite``), and an ``mlflow server``
@@ -36,8 +46,9 @@ on 127.0.0.1 over HTTP with a PostgreSQL backend store (``http-postgres``: the d
 token authentication on), runs a small real launch on it with ``--address`` and prints where each
 seed run ran and the records per second the driver received.
 
-    .venv/bin/python bench/driver_rate.py [--backend sqlite|http-postgres|both] [--repeats 3] [--window 15]
-                                          [--slots 200] [--steps 3000] [--report-every 25] [--metrics 30]
+    .venv/bin/python bench/driver_rate.py [--backend sqlite|http-postgres|both] [--repeats 3] [--window 30]
+                                          [--slots 200] [--rate R] [--steps 600] [--report-every 25] [--metrics 30]
+                                          [--pruner first-seed] [--race-seeds 8] [--no-verify]
     .venv/bin/python bench/driver_rate.py --cluster [--trials 8] [--steps 300]
     .venv/bin/python bench/driver_rate.py --smoke
 """
@@ -118,6 +129,7 @@ class SimExecutor:
     _seq: int = 0
     _oldest: float | None = None
     _trial_plan: dict[int, tuple[int, int | None, int]] = field(default_factory=dict)  # trial -> _plan()
+    _quality: dict[int, float] = field(default_factory=dict)  # trial -> its losses' factor (1: the best)
     _keys: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -133,16 +145,20 @@ class SimExecutor:
 
     def submit(self, spec: Any) -> None:
         now = time.perf_counter() if self.started is not None else 0.0  # the first runs: due from the first poll
-        plan = self._plan(spec)
-        first, diverge_at, diverging = plan
-        seeds_so_far = sum(1 for k in self.runs if k[0] == spec.trial)
-        run = _Run(spec, first, diverge_at if seeds_so_far == diverging else None)
+        from tuner.records import Phase
+
+        fresh = spec.trial not in self._trial_plan
+        first, diverge_at, _ = self._plan(spec)
+        new = fresh and spec.phase is Phase.SEARCH  # a trial's first run: it may start part-way, and diverge
+        run = _Run(spec, first if new else 0, diverge_at if new else None)
         self.runs[(spec.trial, spec.seed)] = run
         self._push(now + self.rng.uniform(0, self.period), (spec.trial, spec.seed))
 
     def _plan(self, spec: Any) -> tuple[int, int | None, int]:
-        """Per trial: the step its runs start from (the first trials start part-way, as on a cluster
-        that was already busy), the step at which one seed diverges (10 %), and which seed."""
+        """Per trial: the step its first run starts from (the first trials start part-way, as on a
+        cluster that was already busy), the step at which that run diverges (10 % of trials), and its
+        quality: the factor of its losses, drawn once (1 + Exp(2): most trials near the best, some far
+        behind, for the pruner and racing to act on; each seed's final value varies by up to 20 %)."""
         if spec.trial not in self._trial_plan:
             reports = spec.steps // spec.report_every
             first = self.rng.randrange(reports) * spec.report_every if spec.trial < self.slots // 2 else 0
@@ -150,6 +166,7 @@ class SimExecutor:
             if self.rng.random() < self.diverge and first // spec.report_every + 1 < reports:
                 diverge_at = self.rng.randrange(first // spec.report_every + 1, reports) * spec.report_every + 3
             self._trial_plan[spec.trial] = (first, diverge_at, 0)
+            self._quality[spec.trial] = 1.0 + self.rng.expovariate(2.0)  # most near the best, a tail far behind
         return self._trial_plan[spec.trial]
 
     def _push(self, due: float, key: tuple[int, int]) -> None:
@@ -218,7 +235,7 @@ class SimExecutor:
                              phase=spec.phase)
         if nxt > spec.steps:
             del self.runs[key]
-            value = 0.1 + 0.05 * self.rng.random()
+            value = self._quality[spec.trial] * (0.1 + 0.02 * self.rng.random())  # a seed's noise: 20 %
             return RunRecord(spec.trial, spec.seed, spec.steps, RunStatus.SURVIVED, final=True, loss=value,
                              grad_norm=1.0, steps_survived=spec.steps, val_loss=value, phase=spec.phase,
                              init_val_loss=3.0, info={"run_seconds": 1.0},
@@ -227,7 +244,8 @@ class SimExecutor:
         self._push(due + self.period, key)
         x = nxt / spec.steps
         values = {k: 1.0 + x + 0.001 * n for n, k in enumerate(self._keys)}
-        return RunRecord(spec.trial, spec.seed, nxt, RunStatus.RUNNING, loss=3.0 - 2.0 * x, grad_norm=1.0 + x,
+        loss = self._quality[spec.trial] * (3.0 - 2.0 * x)
+        return RunRecord(spec.trial, spec.seed, nxt, RunStatus.RUNNING, loss=loss, grad_norm=1.0 + x,
                          steps_survived=nxt, metrics=values, phase=spec.phase)
 
 
@@ -241,14 +259,15 @@ def _finite(value: float | None) -> bool:
 # ---------------------------------------------------------------- one measurement
 
 def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Run the real driver on a SimExecutor at ``rate`` for ``args.window`` s; the figures."""
+    """Run the real driver on a SimExecutor at ``rate`` for ``args.window`` s, then (``args.verify``)
+    the end-of-launch verification of its best trials; the figures."""
     import optuna
 
     from tuner.driver import studyrecord
     from tuner.driver.liveness import Liveness
     from tuner.driver.progress import ProgressView
-    from tuner.driver.pruning import make_pruner
-    from tuner.driver.search import Budget, Search, make_sampler
+    from tuner.driver.pruning import make_pruner, prune_start
+    from tuner.driver.search import Budget, make_sampler
     from tuner.driver.tracking import Tracker
     from tuner.models import load_model
     from tuner.spaces import load_space
@@ -263,35 +282,43 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
         pre_create_stores(storage, uri if uri.startswith("sqlite") else None)
         liveness = Liveness(30)
         study = optuna.create_study(study_name=name, storage=liveness.storage(storage), direction="minimize",
-                                    sampler=make_sampler("tpe", 0, len(space.searched())), pruner=make_pruner("none"))
+                                    sampler=make_sampler("tpe", 0, len(space.searched())),
+                                    pruner=make_pruner(args.pruner, args.steps))
         liveness.attach(study)
         tracker = Tracker(uri, name, {"model": MODEL, "bench": "driver_rate"}, driver=liveness.driver)
         executor = SimExecutor(args.slots, rate, args.metrics, window=args.window)
-        budget = Budget(10**6, args.steps, 2, args.report_every, race_seeds=0)
+        budget = Budget(10**6, args.steps, 2, args.report_every, race_seeds=args.race_seeds,
+                        prune_from=prune_start(args.pruner, args.steps))
         backlog: list[tuple[float, int]] = []
         with ProgressView(10**6, live=False, console=_null_console()) as view:
-            search = Search(study, space, MODEL, executor, budget, [tracker, view],
-                            stream=studyrecord.seed_stream(study, 0), liveness=liveness)
+            search = timed_search(study, space, MODEL, executor, budget, [tracker, view],
+                                  stream=studyrecord.seed_stream(study, 0), liveness=liveness)
             watch = _watch_backlog(tracker, backlog)
             with contextlib.suppress(WindowOver):
                 search.run()
             cpu = time.process_time() - executor.cpu_started  # the driver process over the window
             watch()
+            verified = verification(study, executor, search, [tracker, view], budget) if args.verify else {}
         stop = time.perf_counter()
         tracker.close("FINISHED", wait=300.0)
         drain = time.perf_counter() - stop
         liveness.stop()
         handled = sum(len(v) for v in executor.handled.values())
         lost = check_nothing_lost(tracker, executor)
+        unfinished = [t.number for t in study.get_trials(deepcopy=False)
+                      if t.state is optuna.trial.TrialState.RUNNING and t.number not in search.in_flight()]
     lags = [lag for _, lag in executor.lags]
     half = [lag for at, lag in executor.lags if at > args.window / 2]
     first = [lag for at, lag in executor.lags if at <= args.window / 2]
+    states = Counter(o.state.name.lower() for o in search.outcomes)
     row = {
-        "rate": rate, "handled": handled, "handled_per_s": handled / args.window, "trials": len(search.outcomes),
+        "rate": rate, "slots": args.slots, "handled": handled, "handled_per_s": handled / args.window,
+        "trials": len(search.outcomes), "trials_per_s": len(search.outcomes) / args.window, "states": dict(states),
+        "race_runs": search.compute.by_phase().get("race", {}).get("runs", 0),
         "max_lag": max(lags, default=0.0), "lag_first_half": median(first), "lag_second_half": median(half),
-        "drain": drain, "cpu_per_1000": 1000 * cpu / max(handled, 1), "peak_backlog": max((b for _, b in backlog),
-                                                                                          default=0),
-        **lost,
+        "drain": drain, "cpu_per_1000": 1000 * cpu / max(handled, 1), "cpu_cores": cpu / args.window,
+        "peak_backlog": max((b for _, b in backlog), default=0), "unfinished": len(unfinished),
+        **search.ask_figures(), **verified, **lost,
     }
     row["backlog_growth"] = _growth(backlog, executor.started or 0.0, args.window)
     # the driver keeps up: records handled soon after they are due, and the slots kept full (a driver
@@ -301,8 +328,70 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
     # like with like: the unsent points' growth against the points one second of records carries
     row["points_per_s"] = rate * (2 + args.metrics)
     row["mlflow_kept_up"] = row["backlog_growth"] <= row["points_per_s"] and drain <= args.max_drain
-    row["sustained"] = row["kept_up"] and row["mlflow_kept_up"] and row["lost"] == 0 and row["extra"] == 0
+    row["sustained"] = (row["kept_up"] and row["mlflow_kept_up"] and row["lost"] == 0 and row["extra"] == 0
+                        and row["unfinished"] == 0)
     return row
+
+
+def _search_class() -> type:
+    from tuner.driver.search import Search
+
+    class Timed(Search):
+        """The search loop, timing each ask (ask + suggestions + the parameters' write: what
+        ``Search._start_trial`` spends before it submits) against the seed runs in flight."""
+
+        asks: list[tuple[int, float]]
+
+        def _start_trial(self) -> bool:
+            started = time.perf_counter()
+            inflight = self.executor.slots - self.executor.free()
+            try:
+                return bool(super()._start_trial())
+            finally:
+                self.asks.append((inflight, time.perf_counter() - started))
+
+        def in_flight(self) -> set[int]:
+            """The trials the window's end left running (a launch's stop would fail them; here they
+            stay RUNNING, and every other trial must be terminal)."""
+            return set(self._active)
+
+        def ask_figures(self) -> dict[str, float]:
+            top = max((n for n, _ in self.asks), default=0)
+            late = [s for n, s in self.asks if n >= 0.9 * top]  # asked with the cluster (nearly) full
+            return {"asks": len(self.asks), "ask_median": median([s for _, s in self.asks]),
+                    "ask_full_median": median(late), "ask_inflight": top}
+
+    return Timed
+
+
+def timed_search(*args: Any, **kwargs: Any) -> Any:
+    """A ``Search`` that times its asks (its class is made once tuner is imported)."""
+    search = _search_class()(*args, **kwargs)
+    search.asks = []
+    return search
+
+
+def verification(study: Any, executor: SimExecutor, search: Any, callbacks: list[Any], budget: Any) -> dict[str, Any]:
+    """The end-of-launch verification of the window's best trials (at most 3, 16 fresh seeds at twice
+    the steps each, until one meets the bar) and the winner's learning-rate margin, as a launch
+    runs them (``tuner.driver.verify.verify_study``), on the simulated cluster with its runs left
+    over from the window dropped, at one record per run every 0.05 s. The driver's CPU and wall."""
+    from tuner.driver.verify import Plan, Runner, verify_study
+
+    window = (executor.handled, executor.lags)  # the window's records and lags: what the figures count
+    executor.handled, executor.lags = {}, []
+    executor.runs.clear()
+    executor.heap.clear()
+    executor.window, executor.rate = float("inf"), executor.slots / 0.05
+    runner = Runner(executor, MODEL, callbacks, budget.report_every)
+    cpu, wall = time.process_time(), time.perf_counter()
+    raced = budget.race_seeds if budget.race_levels() else 0
+    choice = verify_study(study, runner, Plan(steps=2 * budget.steps), search.stream, raced, say=lambda _: None)
+    executor.handled, executor.lags = window
+    return {"verify_runs": runner.compute.by_phase().get("verify", {}).get("runs", 0),
+            "margin_runs": runner.compute.by_phase().get("margin", {}).get("runs", 0),
+            "verify_cpu": time.process_time() - cpu, "verify_wall": time.perf_counter() - wall,
+            "verified_trial": choice.trial if choice else None}
 
 
 def _growth(samples: list[tuple[float, int]], start: float, window: float) -> float:
@@ -347,29 +436,33 @@ def check_nothing_lost(tracker: Any, executor: SimExecutor) -> dict[str, int]:
     """
     client = tracker.client
     runs = client.search_runs([tracker.experiment_id], max_results=50000)
-    by_trial = {int(r.data.tags["trial"]): r for r in runs if r.data.tags.get("trial") is not None
-                and r.data.tags.get("phase", "search") == "search"}
+    # (trial, seed) -> (its run, its position there): a trial's own run holds its search seeds, a race
+    # run (tagged phase=race) the seeds it raced; each run's ``seeds`` param lists them in position order
+    where: dict[tuple[int, int], tuple[Any, int]] = {}
+    for run in runs:
+        if run.data.tags.get("trial") is not None and run.data.tags.get("phase", "search") in ("search", "race"):
+            for position, seed in enumerate(run.data.params.get("seeds", "").split(",")):
+                if seed:
+                    where[(int(run.data.tags["trial"]), int(seed))] = (run, position)
     expected = lost = extra = spilled = 0
-    per_trial: dict[int, dict[int, list[tuple[int, bool, bool]]]] = {}
-    for (trial, seed), items in executor.handled.items():
-        per_trial.setdefault(trial, {})[seed] = items
-    for trial, seeds in per_trial.items():
-        run = by_trial.get(trial)
+    tables: dict[str, dict[str, Any]] = {}
+    for key, items in executor.handled.items():
+        run, position = where.get(key, (None, 0))
         run_id = run.info.run_id if run else None
-        table_doc = _telemetry_table(client, run_id) if run_id else {}
-        positions = run.data.params.get("seeds", "").split(",") if run else []  # the run's seeds: s0, s1, ...
-        for seed, items in seeds.items():
-            name = f"s{positions.index(str(seed))}" if str(seed) in positions else None
-            for key, flag in (("loss", 1), ("grad_norm", 1), (KEY, 2)):  # grad_norm: finite whenever loss is
-                want = [item[0] for item in items if item[flag]]  # the steps whose records carried it
-                got = [m.step for m in client.get_metric_history(run_id, f"{name}/{key}")] if name else []
-                if key != "loss":
-                    in_table = [row["step"] for row in table_doc.get(name, []) if key in row] if name else []
-                    spilled += len(in_table) if key == KEY else 0
-                    got += in_table
-                expected += len(want)
-                lost += sum((Counter(want) - Counter(got)).values())
-                extra += sum((Counter(got) - Counter(want)).values())
+        if run_id and run_id not in tables:
+            tables[run_id] = _telemetry_table(client, run_id)
+        table_doc = tables.get(run_id or "", {})
+        name = f"s{position}" if run else None
+        for metric, flag in (("loss", 1), ("grad_norm", 1), (KEY, 2)):  # grad_norm: finite whenever loss is
+            want = [item[0] for item in items if item[flag]]  # the steps whose records carried it
+            got = [m.step for m in client.get_metric_history(run_id, f"{name}/{metric}")] if name else []
+            if metric != "loss":
+                in_table = [row["step"] for row in table_doc.get(name, []) if metric in row] if name else []
+                spilled += len(in_table) if metric == KEY else 0
+                got += in_table
+            expected += len(want)
+            lost += sum((Counter(want) - Counter(got)).values())
+            extra += sum((Counter(got) - Counter(want)).values())
     return {"expected": expected, "lost": lost, "extra": extra, "spilled": spilled}
 
 
@@ -433,8 +526,15 @@ def highest_rate(uri: str, args: argparse.Namespace, say: Any) -> tuple[float, l
 
 def _line(row: dict[str, Any]) -> str:
     verdict = "sustained" if row["sustained"] else "NOT sustained"
-    return (f"  {row['rate']:.0f} records/s: {verdict}; handled {row['handled']} ({row['handled_per_s']:.0f}/s, "
-            f"{row['trials']} trials ended), lag max {row['max_lag']:.2f} s (median {row['lag_first_half']:.2f} -> "
+    states = ", ".join(f"{n} {k}" for k, n in sorted(row["states"].items()))
+    verified = (f"; verification: {row['verify_runs']} + {row['margin_runs']} margin runs, driver CPU "
+                f"{row['verify_cpu']:.1f} s in {row['verify_wall']:.1f} s" if "verify_runs" in row else "")
+    return (f"  {row['rate']:.0f} records/s at {row['slots']} slots: {verdict}; handled {row['handled']} "
+            f"({row['handled_per_s']:.0f}/s), {row['trials']} trials ended ({row['trials_per_s']:.1f}/s: {states}; "
+            f"{row['race_runs']} race runs), asks {row['asks']}: median {row['ask_median']:.3f} s, "
+            f"{row['ask_full_median']:.3f} s at {row['ask_inflight']} in flight; driver {row['cpu_cores']:.2f} "
+            f"cores; {row['unfinished']} trials left RUNNING{verified};\n"
+            f"    lag max {row['max_lag']:.2f} s (median {row['lag_first_half']:.2f} -> "
             f"{row['lag_second_half']:.2f}), MLflow backlog +{row['backlog_growth']:.0f} points, drain "
             f"{row['drain']:.1f} s (peak backlog {row['peak_backlog']}), lost {row['lost']} / "
             f"{row['expected']}, twice {row['extra']}, telemetry in telemetry.json {row['spilled']}, "
@@ -554,17 +654,25 @@ def _cluster_launch(address: str, tmp: str, env: dict[str, str], args: argparse.
 # ---------------------------------------------------------------- main
 
 def main() -> None:
+    from tuner.config import LaunchConfig
+
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--backend", choices=["sqlite", "http-postgres", "both"], default="both")
     p.add_argument("--postgres", default=os.environ.get("TUNER_BENCH_POSTGRES"),
                    help="a PostgreSQL database URL for the MLflow server (default: $TUNER_BENCH_POSTGRES)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--window", type=float, default=15.0, help="seconds of records per measurement")
+    p.add_argument("--window", type=float, default=30.0,
+                   help="seconds of records per measurement (at 1000 slots longer than the fill: 90 s)")
     p.add_argument("--slots", type=int, default=200, help="seed runs at once (trials x 2 seeds)")
-    p.add_argument("--steps", type=int, default=20000,
-                   help="steps per seed run (200 runs at 2000 records/s: a run lasts 80 s, a trial ends every 0.8 s)")
+    p.add_argument("--steps", type=int, default=LaunchConfig.model_fields["steps"].default,
+                   help="steps per seed run (default: a launch's; N runs at N records/s: a run lasts 24 s)")
     p.add_argument("--report-every", type=int, default=25)
     p.add_argument("--metrics", type=int, default=30, help="telemetry values per record besides loss and grad_norm")
+    p.add_argument("--pruner", default=LaunchConfig.model_fields["pruner"].default, help="default: a launch's")
+    p.add_argument("--race-seeds", type=int, default=LaunchConfig.model_fields["race_seeds"].default,
+                   help="default: a launch's (0: no racing)")
+    p.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="no end-of-launch verification after the window")
     p.add_argument("--start", type=float, default=250.0, help="the first rate tried (records/s)")
     p.add_argument("--ceiling", type=float, default=8000.0, help="the highest rate tried")
     p.add_argument("--rate", type=float, help="measure this one rate only (no search)")
@@ -617,10 +725,11 @@ def main() -> None:
             best_rates.append(best)
             all_rows += [{**r, "repeat": n + 1} for r in rows]
         results[backend] = {"highest": best_rates, "median": median(best_rates), "rows": all_rows}
-        print(table(["repeat", "rate", "sustained", "handled/s", "max lag s", "drain s", "lost", "twice", "in table",
-                     "CPU s / 1000"],
-                    [[r["repeat"], r["rate"], r["sustained"], r["handled_per_s"], r["max_lag"], r["drain"], r["lost"],
-                      r["extra"], r["spilled"], r["cpu_per_1000"]] for r in all_rows]))
+        print(table(["repeat", "slots", "rate", "sustained", "handled/s", "trials/s", "ask s (full)", "max lag s",
+                     "driver cores", "drain s", "lost", "twice", "in table"],
+                    [[r["repeat"], r["slots"], r["rate"], r["sustained"], r["handled_per_s"], r["trials_per_s"],
+                      r["ask_full_median"], r["max_lag"], r["cpu_cores"], r["drain"], r["lost"], r["extra"],
+                      r["spilled"]] for r in all_rows]))
         lost = sum(r["lost"] + r["extra"] for r in all_rows)
         print(f"RESULT driver_rate {backend} = {median(best_rates):.0f} records/s sustained (median of "
               f"{len(best_rates)}: {', '.join(f'{b:.0f}' for b in best_rates)}); points lost or twice: {lost}")
