@@ -29,6 +29,7 @@ SCRIPTS = {
                           "RESULT pruner_signals best_rank =",
                           "RESULT pruner_signals seed_to_seed ="],
     "robustness.py": ["RESULT robustness smoke worst_survival =", "RESULT robustness smoke compute_ratio ="],
+    "tpe_window.py": ["RESULT tpe_window reads all:", "RESULT tpe_window reads 20:"],
     "driver_rate.py": ["RESULT driver_rate sqlite =", "RESULT driver_rate tensorflow_imported = no"],
     "driver_footprint.py": [
         "RESULT driver cpu_per_1000_records =", "RESULT driver peak_memory =", "RESULT driver tensorflow_imported = no",
