@@ -142,3 +142,34 @@ def test_a_config_stopped_mid_run_is_queued_again_at_most_max_retries_times(tmp_
         assert [t.state for t in study.get_trials()] == [optuna.trial.TrialState.FAIL] * 2
     finally:
         liveness.stop()
+
+
+def test_storage_opens_a_new_database_whose_tables_another_launch_made_at_the_same_instant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlalchemy.exc
+
+    real, calls = optuna.storages.RDBStorage, []
+    unique = Exception("UNIQUE constraint failed: alembic_version.version_num")
+
+    class Racing(real):  # type: ignore[misc,valid-type]
+        def __init__(self, url: str, **kwargs: object) -> None:
+            calls.append(url)
+            if len(calls) == 1:  # what the later of two launches on a new file meets (seen in CI)
+                real(url)  # the other launch makes the tables and stamps the version meanwhile
+                raise sqlalchemy.exc.IntegrityError("INSERT INTO alembic_version", {}, unique)
+            super().__init__(url, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", Racing)
+    url = f"sqlite:///{tmp_path}/new.db"
+    study = optuna.create_study(study_name="s", storage=Liveness(30).storage(url))
+    assert len(calls) == 2 and study.study_name == "s"
+
+
+def test_storage_does_not_retry_a_database_it_cannot_open(tmp_path: Path) -> None:
+    import sqlalchemy.exc
+
+    started = time.monotonic()
+    with pytest.raises(sqlalchemy.exc.OperationalError, match="unable to open database file"):
+        Liveness(30).storage(f"sqlite:///{tmp_path}/no/such/dir/x.db")
+    assert time.monotonic() - started < 5  # no retries

@@ -54,6 +54,20 @@ def live_drivers(study: optuna.Study, grace: float = 30) -> set[str]:
             if key.startswith(DRIVER_BEAT) and isinstance(value, (int, float)) and now - value < grace}
 
 
+_MAKE_TRIES = 3  # opening a new database whose tables another launch makes at the same instant
+
+
+def _made_meanwhile(exc: BaseException) -> bool:
+    """Whether opening a storage failed because another process made its tables at the same instant:
+    Optuna creates them and stamps its schema version in ``alembic_version``, and the later of two
+    launches on a new database fails on a table or a version row that now exists."""
+    import sqlalchemy.exc
+
+    text = str(exc)
+    return (isinstance(exc, sqlalchemy.exc.IntegrityError) and "alembic_version" in text) or (
+        isinstance(exc, sqlalchemy.exc.OperationalError) and "already exists" in text)
+
+
 class Liveness:
     """One driver's heartbeats and its repair of the study (see the module docs)."""
 
@@ -79,13 +93,21 @@ class Liveness:
         which keeps the trials this driver runs in memory (``tuner.hooks.driver_storage``: an ask
         does not read every trial in flight back from the database)."""
         engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}  # two drivers' writes wait
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            backend = optuna.storages.RDBStorage(
-                url, engine_kwargs=engine, heartbeat_interval=self.interval, grace_period=self.grace,
-                heartbeat_stale_trial_callback=self._requeue,
-            )
-        return hooks.driver_storage(backend)
+        for attempt in range(_MAKE_TRIES):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                    backend = optuna.storages.RDBStorage(
+                        url, engine_kwargs=engine, heartbeat_interval=self.interval, grace_period=self.grace,
+                        heartbeat_stale_trial_callback=self._requeue,
+                    )
+                return hooks.driver_storage(backend)
+            except Exception as exc:  # only the race of _made_meanwhile is retried
+                if attempt == _MAKE_TRIES - 1 or not _made_meanwhile(exc):
+                    raise
+                log.debug("another launch made the storage's tables at the same time; opening it again: %s", exc)
+                time.sleep(0.2 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def attach(self, study: optuna.Study) -> None:
         """Start beating for this driver's trials of ``study``."""
