@@ -43,14 +43,15 @@ bisects once between the last two. Backends: MLflow on SQLite (``sqlite``), and 
 on 127.0.0.1 over HTTP with a PostgreSQL backend store (``http-postgres``: the database URL from
 ``--postgres`` or ``$TUNER_BENCH_POSTGRES``; it is never printed).
 
-``--cluster`` instead starts a 4-node local Ray cluster (``ray start`` head + 3 nodes, 1 CPU each,
-token authentication on), runs a small real launch on it with ``--address`` and prints where each
-seed run ran and the records per second the driver received.
+``--cluster`` instead starts a 4-node local Ray cluster (``ray start`` head + 3 nodes, ``--node-cpus``
+each, token authentication on), runs a real launch with a launch's defaults on it with ``--address``
+and prints where each seed run ran, the records per second the driver received, the driver
+process's CPU, and the trials' states in Optuna.
 
     .venv/bin/python bench/driver_rate.py [--backend sqlite|http-postgres|both] [--repeats 3] [--window 30]
                                           [--slots 200] [--rate R] [--steps 600] [--report-every 25] [--metrics 30]
                                           [--pruner first-seed] [--race-seeds 8] [--no-verify]
-    .venv/bin/python bench/driver_rate.py --cluster [--trials 8] [--steps 300]
+    .venv/bin/python bench/driver_rate.py --cluster [--trials 8] [--cluster-steps 300] [--node-cpus 1]
     .venv/bin/python bench/driver_rate.py --smoke
 """
 
@@ -584,7 +585,7 @@ def _wait_port(port: int, timeout: float) -> None:
 # ---------------------------------------------------------------- a 4-node local Ray cluster
 
 def cluster_run(args: argparse.Namespace) -> dict[str, Any]:
-    """A real launch (iterated_mlp) on a 4-node local Ray cluster, 1 CPU per node; placement and rate."""
+    """A real launch (iterated_mlp) on a 4-node local Ray cluster, ``--node-cpus`` per node; placement and rate."""
     from tuner.driver.executor import _ensure_token
 
     _ensure_token()
@@ -593,12 +594,13 @@ def cluster_run(args: argparse.Namespace) -> dict[str, Any]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
-    nodes = [_ray_node(["--head", f"--port={port}", "--num-cpus=1", "--include-dashboard=false"], env)]
+    cpus = f"--num-cpus={args.node_cpus}"
+    nodes = [_ray_node(["--head", f"--port={port}", cpus, "--include-dashboard=false"], env)]
     try:
         _wait_port(port, 60)
         _wait_nodes(port, 1, env)
         for n in range(3):
-            nodes.append(_ray_node([f"--address=127.0.0.1:{port}", "--num-cpus=1"], env))
+            nodes.append(_ray_node([f"--address=127.0.0.1:{port}", cpus], env))
             _wait_nodes(port, n + 2, env)
         with tempfile.TemporaryDirectory(prefix="tuner-driver-rate-cluster-") as tmp:
             return _cluster_launch(f"127.0.0.1:{port}", tmp, env, args)
@@ -627,16 +629,22 @@ def _wait_nodes(port: int, count: int, env: dict[str, str], timeout: float = 120
 
 
 def _cluster_launch(address: str, tmp: str, env: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    """``python -m tuner launch --address`` on the cluster; then placement from MLflow's tags."""
+    """``python -m tuner launch --address`` on the cluster with a launch's defaults (the first-seed
+    pruner, racing, verification and margin); then placement from MLflow's tags, the driver
+    process's CPU, and the trials' states in Optuna."""
+    import resource
+
     storage, uri = f"sqlite:///{tmp}/optuna.db", f"sqlite:///{tmp}/mlflow.db"
     argv = [sys.executable, "-m", "tuner", "launch", "--address", address, "--trials", str(args.trials),
             "--steps", str(args.cluster_steps), "--seeds", "2", "--report-every", str(args.report_every),
-            "--study", "cluster", "--storage", storage, "--tracking-uri", uri, "--out", f"{tmp}/best.yaml",
-            "--race-seeds", "0", "--verify-seeds", "0", "--no-margin"]
+            "--study", "cluster", "--storage", storage, "--tracking-uri", uri, "--out", f"{tmp}/best.yaml"]
     started = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(argv, cwd=tmp, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                           timeout=1800)
     wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the launch process (the driver): workers are the nodes'
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if done.returncode not in (0, 3):
         sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
         raise RuntimeError(f"the launch on the cluster exited {done.returncode}")
@@ -656,8 +664,12 @@ def _cluster_launch(address: str, tmp: str, env: dict[str, str], args: argparse.
             node = run.data.tags.get(f"s{position}.node_id", "unknown")
             placement[node] = placement.get(node, 0) + 1
             records += len(client.get_metric_history(run.info.run_id, f"s{position}/loss"))
+    import optuna
+
+    trials = optuna.load_study(study_name="cluster", storage=storage).get_trials(deepcopy=False)
     return {"wall": wall, "runs": sum(placement.values()), "placement": placement, "records": records,
-            "records_per_s": records / wall, "trials": len(runs)}
+            "records_per_s": records / wall, "mlflow_runs": len(runs), "trials": len(trials), "driver_cpu": cpu,
+            "states": dict(Counter(t.state.name for t in trials)), "exit": done.returncode}
 
 
 # ---------------------------------------------------------------- main
@@ -693,12 +705,13 @@ def main() -> None:
     p.add_argument("--cluster", action="store_true", help="the 4-node local Ray cluster run instead")
     p.add_argument("--trials", type=int, default=8, help="trials of the --cluster launch")
     p.add_argument("--cluster-steps", type=int, default=300, help="steps per seed run of the --cluster launch")
+    p.add_argument("--node-cpus", type=int, default=1, help="CPUs (slots) per node of the --cluster run")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     if args.cluster:
-        print_header(f"driver on a 4-node local Ray cluster (1 CPU per node): {args.trials} trials x "
+        print_header(f"driver on a 4-node local Ray cluster ({args.node_cpus} CPU per node): {args.trials} trials x "
                      f"{args.cluster_steps} steps x 2 seeds, report every {args.report_every}")
         doc = cluster_run(args)
         placed = {node[:12]: n for node, n in sorted(doc["placement"].items()) if node != "unknown"}
@@ -707,7 +720,9 @@ def main() -> None:
         print(f"RESULT cluster placement = {len(placed)} nodes, {doc['runs']} seed runs "
               f"({', '.join(str(v) for v in placed.values())}; {unplaced} without a node)")
         print(f"RESULT cluster records = {doc['records']} progress records in MLflow in {doc['wall']:.1f} s "
-              f"({doc['records_per_s']:.1f} records/s)")
+              f"({doc['records_per_s']:.1f} records/s); the driver process {doc['driver_cpu']:.1f} CPU s "
+              f"({1000 * doc['driver_cpu'] / max(doc['records'], 1):.1f} s / 1000 records, its start and "
+              f"imports included); Optuna's trials: {doc['states']}; exit {doc['exit']}")
         write_json(args.json, doc)
         return
     if args.smoke:
