@@ -272,7 +272,7 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
     from tuner.driver import studyrecord
     from tuner.driver.liveness import Liveness
     from tuner.driver.progress import ProgressView
-    from tuner.driver.pruning import make_pruner, prune_start
+    from tuner.driver.pruning import make_pruner, prune_end, prune_start
     from tuner.driver.search import Budget, make_sampler
     from tuner.driver.tracking import Tracker
     from tuner.models import load_model
@@ -294,7 +294,7 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
         tracker = Tracker(uri, name, {"model": MODEL, "bench": "driver_rate"}, driver=liveness.driver)
         executor = SimExecutor(args.slots, rate, args.metrics, window=args.window)
         budget = Budget(10**6, args.steps, 2, args.report_every, race_seeds=args.race_seeds,
-                        prune_from=prune_start(args.pruner, args.steps))
+                        prune_from=prune_start(args.pruner, args.steps), prune_to=prune_end(study.pruner))
         backlog: list[tuple[float, int]] = []
         with ProgressView(10**6, live=False, console=_null_console()) as view:
             search = timed_search(study, space, MODEL, executor, budget, [tracker, view],

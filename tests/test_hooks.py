@@ -253,6 +253,41 @@ def test_record_heartbeat_makes_a_trial_stale_once_it_stops(
     assert "stay RUNNING" in caplog.text
 
 
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+@pytest.mark.parametrize("batched", [True, False])
+def test_record_heartbeats_beats_every_trial_in_one_call_and_one_by_one_without_optunas_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, batched: bool
+) -> None:
+    """Beaten twice, then silent past the grace period: all three stale; a trial never beaten is not."""
+    import sqlite3
+
+    def gone(*_: object) -> None:
+        raise AttributeError("module 'optuna.storages._rdb.models' has no attribute 'TrialHeartbeatModel'")
+
+    if not batched:
+        monkeypatch.setattr(hooks, "_beat_rows", gone)
+    caplog.set_level(logging.DEBUG, logger="tuner.hooks")
+    path = tmp_path / "o.db"
+    storage = optuna.storages.RDBStorage(f"sqlite:///{path}", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(storage=storage)
+    beaten, silent = [study.ask() for _ in range(3)], study.ask()
+    ids = [hooks.trial_id(t) for t in beaten]
+    hooks.record_heartbeats(study, ids)  # type: ignore[arg-type]
+    with sqlite3.connect(path) as db:
+        first = dict(db.execute("SELECT trial_id, heartbeat FROM trial_heartbeats").fetchall())
+    time.sleep(1.1)
+    hooks.record_heartbeats(study, ids)  # type: ignore[arg-type]
+    with sqlite3.connect(path) as db:
+        second = dict(db.execute("SELECT trial_id, heartbeat FROM trial_heartbeats").fetchall())
+    assert sorted(first) == sorted(second) == sorted(ids)  # one row per trial, updated in place
+    assert all(second[i] > first[i] for i in ids)
+    time.sleep(2.5)
+    optuna.storages.fail_stale_trials(study)
+    assert [t.state.name for t in study.trials] == ["FAIL"] * 3 + ["RUNNING"]
+    assert silent.number == 3
+    assert ("one transaction per trial" in caplog.text) is not batched
+
+
 def test_frozen_trial_reads_one_trial_by_number_and_all_of_them_without_optunas_internals(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

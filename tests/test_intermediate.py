@@ -50,3 +50,20 @@ def test_reports_batched_are_seen_by_the_trials_pruner(tmp_path: Path, storage: 
     reports.add(trial, 20, 5.0)
     reports.flush(trial)
     assert trial.should_prune()  # the pruner saw step 20's value, above its bound
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "memory"])
+def test_reports_shown_reach_the_pruner_at_once_and_the_storage_with_the_batch(tmp_path: Path, storage: str) -> None:
+    url = f"sqlite:///{tmp_path / 'o.db'}" if storage == "sqlite" else None
+    study = optuna.create_study(storage=url, pruner=optuna.pruners.ThresholdPruner(upper=1.0))
+    trial = study.ask()
+    reports = Reports(every=3600.0)
+    reports.add(trial, 10, 0.5)
+    reports.add(trial, 20, 5.0)
+    reports.show(trial)
+    assert trial.should_prune()  # the pruner saw step 20's value
+    written = study.trials[trial.number].intermediate_values  # a fresh read of the storage
+    assert written == ({} if storage == "sqlite" else {10: 0.5, 20: 5.0})  # on SQLite not written yet
+    reports.add(trial, 30, 0.7)
+    reports.flush(trial)
+    assert study.trials[trial.number].intermediate_values == {10: 0.5, 20: 5.0, 30: 0.7}

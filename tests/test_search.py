@@ -531,3 +531,21 @@ def test_search_polls_the_runs_in_flight_while_it_fills_a_large_cluster(monkeypa
     make_search(10, executor, optuna.samplers.RandomSampler(seed=0)).run()
     assert polled_at[:3] == [2, 4, 6]  # one trial (2 seed runs) asked between two polls while slots were free
     assert len(executor.submitted) == 20
+
+
+def test_the_pruner_is_asked_only_between_its_first_and_last_step() -> None:
+    from tuner.driver.pruning import FirstSeedPruner, prune_end
+
+    asked: list[int] = []
+
+    class Counting(FirstSeedPruner):
+        def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+            asked.append(int(trial.last_step or 0))
+            return super().prune(study, trial)
+
+    search, _ = first_seed_search(Counting(min_step=40, max_step=100), THREE_FINISHED)
+    search.budget = replace(search.budget, prune_to=prune_end(search.study.pruner))
+    search.run()
+    assert prune_end(search.study.pruner) == 100 and asked  # it was asked, and never past step 100
+    assert min(asked) >= 40 and max(asked) <= 100
+    assert prune_end(optuna.pruners.MedianPruner()) == 0  # Optuna's own pruners: any step

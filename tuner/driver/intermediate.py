@@ -7,9 +7,11 @@ driver's storage keeps its own running trials in memory, :func:`tuner.hooks.driv
 
 So the search keeps the values here. A running trial's latest value is written at once and then
 at most every ``every`` seconds (its progress shows in Optuna's storage); all of its values are
-written when something reads them: the pruner (before it decides on that trial) and the trial's
-end (before it is told). The values Optuna holds at the end are the same as with ``report``; TPE
-and the pruners read only finished trials' values, and the pruned trial's own. A trial stopped
+written at the trial's end (before it is told). The pruner reads a running trial's values from
+the trial's own copy and only finished trials' from the storage, so it gets them in that copy
+(:meth:`Reports.show`), without a write per record it decides on. The values Optuna holds at the
+end are the same as with ``report``; TPE and the pruners read only finished trials' values, and
+the pruned trial's own. A trial stopped
 mid-run (Ctrl-C: told FAIL and queued again) keeps the values written so far. A diverged trial's
 values from its divergence step on, written while an earlier seed ran past it, are taken back
 before its NaN is reported at that step (:meth:`Reports.retract`).
@@ -78,6 +80,21 @@ class Reports:
             self._shown.pop(trial.number, None)
             pending = {trial.number: item} if item else {}
         self._write(pending)
+
+    def show(self, trial: optuna.trial.Trial) -> None:
+        """Put every value kept of ``trial`` in its own copy (:func:`tuner.hooks.cached_trial`), which
+        ``Trial.should_prune`` hands the pruner, without writing them yet (they go with the next
+        batch); where they would not be batched (``Trial.report`` skips a step the copy holds), write
+        them now (:meth:`flush`)."""
+        item = self._pending.get(trial.number)
+        if item is None:
+            return
+        own = hooks.cached_trial(trial)
+        if own is None or not hooks.batches_values(trial):
+            self.flush(trial)
+            return
+        for step, value in item[1].items():
+            own.intermediate_values.setdefault(step, value)
 
     def retract(self, trial: optuna.trial.Trial, step: int) -> int | None:
         """Write ``trial``'s values before ``step`` and take back those from ``step`` on.

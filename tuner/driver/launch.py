@@ -76,7 +76,7 @@ def _launch(config: LaunchConfig) -> dict[str, object]:
     from tuner.driver.executor import RayExecutor
     from tuner.driver.export import best_config
     from tuner.driver.progress import ProgressView
-    from tuner.driver.pruning import prune_start
+    from tuner.driver.pruning import prune_end, prune_start
     from tuner.driver.search import Budget, Search
     from tuner.driver.verify import Runner, verify_study
 
@@ -107,7 +107,8 @@ def _launch(config: LaunchConfig) -> dict[str, object]:
         )
         stream = studyrecord.seed_stream(study, config.seed)
         budget = Budget(config.trials, config.steps, config.seeds, config.report_every, config.threads,
-                        race_seeds=config.race_seeds, prune_from=prune_start(config.pruner, config.steps))
+                        race_seeds=config.race_seeds, prune_from=prune_start(config.pruner, config.steps),
+                        prune_to=prune_end(study.pruner))
         studyrecord.save_race_seeds(study, budget.race_seeds if budget.race_levels() else 0)  # the export's pool
         with ProgressView(todo, live=config.live, console=console, keys=shown_knobs(space), steps=config.steps,
                           work=Work.of_launch(config, todo, executor.slots),

@@ -236,8 +236,7 @@ class Liveness:
             with self._lock:
                 ids = list(self._mine.values())
             try:
-                for trial_id in ids:
-                    hooks.record_heartbeat(self._study, trial_id)
+                hooks.record_heartbeats(self._study, [i for i in ids if i is not None])
                 self._beat_driver()
                 self._notice_dead_drivers()
             except Exception as exc:  # the storage did not answer: try again at the next beat

@@ -195,6 +195,12 @@ def prune_start(kind: str, steps: int) -> int:
     return PRUNERS[typing.cast(PrunerName, kind)].start(steps) if kind in PRUNERS else 0
 
 
+def prune_end(pruner: optuna.pruners.BasePruner) -> int:
+    """The last step at which ``pruner`` may stop a trial (0: any): past it the search neither writes
+    a trial's values for the pruner nor asks it (a write and a read of the study per record)."""
+    return (pruner.max_step or 0) if isinstance(pruner, BehindBestPruner) else 0
+
+
 def make_pruner(kind: str, steps: int = 0) -> optuna.pruners.BasePruner:
     """The study's pruner for trials of ``steps`` steps (see :data:`PRUNERS`; an unknown name: none)."""
     return PRUNERS[typing.cast(PrunerName, kind)].make(steps) if kind in PRUNERS else optuna.pruners.NopPruner()

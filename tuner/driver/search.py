@@ -61,6 +61,7 @@ class Budget:
     threads: int = 1
     race_seeds: int = 0
     prune_from: int = 0  # the first step at which the study's pruner may stop a finite trial (0: never)
+    prune_to: int = 0  # the last step at which it may (0: any step before the last)
 
     def race_levels(self) -> tuple[int, ...]:
         """The seed counts a raced trial reaches after its search seeds (2 -> 4 -> 8: (4, 8))."""
@@ -258,8 +259,9 @@ class Search:
             self._reports.add(active.trial, record.step, statistics.fmean(at_step.values()))
             active.reported.add(record.step)
             del active.losses[record.step]
-            if 0 < self.budget.prune_from <= record.step < self.budget.steps:
-                self._reports.flush(active.trial)  # the pruner reads the trial's values from the storage
+            b = self.budget
+            if 0 < b.prune_from <= record.step < b.steps and (not b.prune_to or record.step <= b.prune_to):
+                self._reports.show(active.trial)  # the pruner reads the trial's values from its own copy
                 if active.trial.should_prune():
                     self._stop(active, record.step)
 
