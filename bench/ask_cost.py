@@ -74,20 +74,25 @@ def build(storage_url: str, finished: int, inflight: int, steps: int, report_eve
 def timed_asks(study: Any, space: Any, asks: int, window: int | None = None) -> list[float]:
     """Seconds of each of ``asks`` asks with tuner's sampler, each with its suggestions; ``window``:
     the finished trials TPE reads past its best (``tuner.hooks.windowed_tpe``; 0: all, as Optuna's TPE)."""
+    import optuna
+
     from tuner.driver.search import make_sampler
     from tuner.hooks import flush_params
 
     study.sampler = make_sampler("tpe", 0, len(space.searched()))
     if window is not None:
         study.sampler.window = window or 10**12
-    seconds = []
+    seconds, asked = [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(asks):
             started = time.perf_counter()
-            space.suggest(study.ask())
+            asked.append(study.ask())
+            space.suggest(asked[-1])
             flush_params(study)  # as Search._start_trial does
             seconds.append(time.perf_counter() - started)
+        for trial in asked:  # the trials in flight stay as many for the next setting (TPE reads no FAIL)
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
     return seconds
 
 
@@ -140,6 +145,7 @@ def main() -> None:
             built = time.perf_counter() - started
             timed = {w: timed_asks(study, space, args.asks, w) for w in args.tpe_window}
             seconds = timed[args.tpe_window[0]]
+            timed_asks(study, space, 0, args.tpe_window[0])  # the profile's sampler: the first setting's
             if args.profile and inflight == max(args.inflight) and finished == max(args.finished):
                 profile += (f"cProfile of one ask at {inflight} in flight, {finished} finished, {cache} cache "
                             "(cumulative):\n")

@@ -304,10 +304,11 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
                 search.run()
             cpu = time.process_time() - executor.cpu_started  # the driver process over the window
             watch()
+            stop = time.perf_counter()
+            tracker.flush()  # the window's last writes, before the verification queues its own
+            drain = time.perf_counter() - stop
             verified = verification(study, executor, search, [tracker, view], budget) if args.verify else {}
-        stop = time.perf_counter()
         tracker.close("FINISHED", wait=300.0)
-        drain = time.perf_counter() - stop
         liveness.stop()
         handled = sum(len(v) for v in executor.handled.values())
         lost = check_nothing_lost(tracker, executor)

@@ -5,8 +5,9 @@ finished trials, only the best 25 of them and the 1000 most recent (``tuner.hook
 so that an ask costs the same at 5000 trials as at 1000. Real launches of that many trials are out
 of reach here (``bench/search_efficiency.py`` runs tens of trials, where the window changes
 nothing), so this bench scales the question down: ``--trials`` trials with a window of
-``--window`` (default 1000 trials and a window of 100: the ratio of a 10,000-trial study to
-tuner's window), against TPE reading every trial, on ``--seeds`` sampler seeds.
+``--window`` (default 1500 trials and a window of 250: the smallest window whose good group is
+still TPE's largest, 25 = 10 % of 250, as in a study of 6000 trials against tuner's window of
+1000), against TPE reading every trial, on ``--seeds`` sampler seeds.
 
 The objective stands in for a model that diverges: on iterated_mlp's shipped space, a risk grows
 with the learning rate and ``max_iter`` and falls with clipping, BatchNorm before ReLU and an input
@@ -19,7 +20,7 @@ Reported per arm: the best value after each quarter of the trials, the share of 
 trials within 10 % of the best value any arm found (how well TPE still concentrates), the diverged
 share, and the median ask (ask + suggestions) in the last quarter.
 
-    .venv/bin/python bench/tpe_window.py [--trials 1000] [--window 100] [--seeds 3]
+    .venv/bin/python bench/tpe_window.py [--trials 1500] [--window 250] [--seeds 3]
     .venv/bin/python bench/tpe_window.py --smoke
 """
 
@@ -94,8 +95,9 @@ def summarise(study: dict[str, Any], best: float) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--trials", type=int, default=1000)
-    p.add_argument("--window", type=int, default=100, help="finished trials TPE reads past its best 25")
+    p.add_argument("--trials", type=int, default=1500)
+    p.add_argument("--window", type=int, default=250,
+                   help="finished trials TPE reads past its best 25 (under 250 its good group shrinks below 25)")
     p.add_argument("--seeds", type=int, default=3, help="sampler seeds per arm")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
     p.add_argument("--json", help="write the figures here")

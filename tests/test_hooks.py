@@ -254,18 +254,24 @@ def test_record_heartbeat_makes_a_trial_stale_once_it_stops(
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
-@pytest.mark.parametrize("batched", [True, False])
+@pytest.mark.parametrize("failure", [None, "gone", "bad row"])
 def test_record_heartbeats_beats_every_trial_in_one_call_and_one_by_one_without_optunas_models(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, batched: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, failure: str | None
 ) -> None:
-    """Beaten twice, then silent past the grace period: all three stale; a trial never beaten is not."""
+    """Beaten twice, then silent past the grace period: all three stale; a trial never beaten is not.
+    Without Optuna's models, or when one row breaks the batch, each trial is beaten alone."""
     import sqlite3
 
-    def gone(*_: object) -> None:
-        raise AttributeError("module 'optuna.storages._rdb.models' has no attribute 'TrialHeartbeatModel'")
+    import sqlalchemy.exc
 
+    def broken(*_: object) -> None:
+        if failure == "gone":
+            raise AttributeError("module 'optuna.storages._rdb.models' has no attribute 'TrialHeartbeatModel'")
+        raise sqlalchemy.exc.IntegrityError("INSERT INTO trial_heartbeats", {}, Exception("FOREIGN KEY"))
+
+    batched = failure is None
     if not batched:
-        monkeypatch.setattr(hooks, "_beat_rows", gone)
+        monkeypatch.setattr(hooks, "_beat_rows", broken)
     caplog.set_level(logging.DEBUG, logger="tuner.hooks")
     path = tmp_path / "o.db"
     storage = optuna.storages.RDBStorage(f"sqlite:///{path}", heartbeat_interval=1, grace_period=1)

@@ -67,3 +67,20 @@ def test_reports_shown_reach_the_pruner_at_once_and_the_storage_with_the_batch(t
     reports.add(trial, 30, 0.7)
     reports.flush(trial)
     assert study.trials[trial.number].intermediate_values == {10: 0.5, 20: 5.0, 30: 0.7}
+
+
+def test_reports_shown_reach_the_storage_when_the_batch_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch that fails falls back to ``Trial.report``, which skips a step the trial's copy holds: the
+    values the pruner was shown are written to the storage all the same."""
+    from tuner import hooks
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'o.db'}")
+    trial = study.ask()
+    reports = Reports(every=3600.0)
+    reports.add(trial, 10, 0.5)
+    reports.add(trial, 20, 5.0)
+    reports.show(trial)
+    reports.add(trial, 30, 0.7)
+    monkeypatch.setattr(hooks, "insert_intermediate_values", lambda pending: False)  # as when the insert raised
+    reports.flush(trial)
+    assert study.trials[trial.number].intermediate_values == {10: 0.5, 20: 5.0, 30: 0.7}

@@ -40,7 +40,8 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
   transaction, and ``Trial._cached_frozen_trial`` (:func:`cached_trial`, the trial's own copy, which
   ``should_prune`` hands the pruner) to put them there as ``Trial.report`` does
   (``tuner.driver.intermediate``). Without it each value is written by ``Trial.report``, one
-  transaction each: the same values, slower asks and reports.
+  transaction each: the same values, slower asks and reports. (:func:`write_intermediate_value`
+  writes one where ``report`` would skip it: a value the pruner was shown before a batch failed.)
 - :func:`driver_storage`: Optuna's ``_CachedStorage`` (subclassed: its ``_studies``, ``_lock``, trial
   maps and ``_read_trials_from_remote_storage``) and ``RDBStorage._get_trials``, to keep the trials a
   driver runs in memory, so that an ask does not read every trial in flight back from the
@@ -391,12 +392,15 @@ def record_heartbeats(study: optuna.Study, trial_ids: Sequence[int]) -> None:
     Fails open: elsewhere, or without those internals, one :func:`record_heartbeat` per trial. An
     error of the storage itself (the database did not answer) is raised.
     """
-    backend = _rdb_of(study._storage) if trial_ids else None
+    import sqlalchemy.exc
+
+    storage = getattr(study, "_storage", None)
+    backend = _rdb_of(storage) if trial_ids and storage is not None else None
     if backend is not None:
         try:
             _beat_rows(backend, trial_ids)
             return
-        except (ImportError, AttributeError) as exc:
+        except (ImportError, AttributeError, sqlalchemy.exc.IntegrityError) as exc:  # one bad row: each alone
             log.debug("heartbeats recorded one transaction per trial: %s", exc)
     for trial_id in trial_ids:
         record_heartbeat(study, trial_id)
@@ -408,7 +412,7 @@ def _beat_rows(backend: RDBStorage, trial_ids: Sequence[int]) -> None:
     from optuna.storages._rdb.storage import _create_scoped_session
 
     model = models.TrialHeartbeatModel
-    with _create_scoped_session(backend.scoped_session, True) as session:
+    with _create_scoped_session(backend.scoped_session, False) as session:  # an IntegrityError is raised
         now = session.execute(sqlalchemy.func.now()).scalar()
         held: dict[int, Any] = {int(row.trial_id): row for row in
                                 session.query(model).filter(model.trial_id.in_(list(trial_ids))).with_for_update()}
@@ -760,6 +764,19 @@ def insert_intermediate_values(pending: Sequence[tuple[optuna.trial.Trial, Mappi
         for step, value in values.items():
             own.intermediate_values.setdefault(step, value)
     return True
+
+
+def write_intermediate_value(trial: optuna.trial.Trial, step: int, value: float) -> None:
+    """Write ``trial``'s value at ``step`` to its storage (``Trial._trial_id``), where ``Trial.report``
+    would skip it because the trial's own copy holds the step already (put there by
+    ``tuner.driver.intermediate.Reports.show`` before a batch that then failed). Fails open: without
+    the id, the value is not written, said at debug level."""
+    try:
+        trial_id = trial._trial_id
+    except AttributeError as exc:
+        log.debug("trial %d's value at step %d is not written (%s)", trial.number, step, exc)
+        return
+    trial.storage.set_trial_intermediate_value(trial_id, step, value)
 
 
 def batches_values(trial: optuna.trial.Trial) -> bool:

@@ -123,8 +123,12 @@ class Reports:
         if not pending or hooks.insert_intermediate_values(list(pending.values())):
             return
         for trial, values in pending.values():
+            own = hooks.cached_trial(trial)
             for step, value in values.items():
                 try:
-                    trial.report(value, step)
+                    if own is not None and step in own.intermediate_values:  # shown (show): report would skip it
+                        hooks.write_intermediate_value(trial, step, value)
+                    else:
+                        trial.report(value, step)
                 except optuna.exceptions.UpdateFinishedTrialError:
                     break  # failed as stale by another launch; the search says so when it ends

@@ -64,8 +64,10 @@ def _made_meanwhile(exc: BaseException) -> bool:
     import sqlalchemy.exc
 
     text = str(exc)
-    return (isinstance(exc, sqlalchemy.exc.IntegrityError) and "alembic_version" in text) or (
-        isinstance(exc, sqlalchemy.exc.OperationalError) and "already exists" in text)
+    if isinstance(exc, sqlalchemy.exc.IntegrityError):  # the version row; PostgreSQL: a table's row type
+        return "alembic_version" in text or "pg_type_typname_nsp_index" in text
+    made = isinstance(exc, sqlalchemy.exc.OperationalError | sqlalchemy.exc.ProgrammingError)
+    return made and "already exists" in text
 
 
 class Liveness:
