@@ -411,3 +411,17 @@ def test_windowed_tpe_reads_every_trial_without_optunas_split(
     study = _objective_study(sampler, 30)
     assert len(sampler.visible(study, study.get_trials(deepcopy=False))) == 30  # type: ignore[attr-defined]
     assert "no window" in caplog.text
+
+
+def test_windowed_tpe_pickles() -> None:
+    """Ray Tune pickles its searcher (the benchmarks' Tune baseline uses tuner's sampler)."""
+    import pickle
+
+    sampler = hooks.windowed_tpe(window=10, best=5, seed=1, multivariate=True, n_startup_trials=4)
+    study = _objective_study(sampler, 20)
+    copy = pickle.loads(pickle.dumps(sampler))
+    assert type(copy) is type(sampler) and (copy.window, copy.best) == (10, 5)  # type: ignore[attr-defined]
+    trials = study.get_trials(deepcopy=False)
+    assert copy.visible(study, trials) == sampler.visible(study, trials)  # type: ignore[attr-defined]
+    study.sampler = copy
+    assert 1e-5 <= study.ask().suggest_float("x", 1e-5, 1.0, log=True) <= 1.0

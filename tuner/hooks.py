@@ -884,6 +884,18 @@ def windowed_tpe(window: int = TPE_WINDOW, best: int = TPE_BEST, **tpe: Any) -> 
     return sampler
 
 
+def _windowed_tpe_from(state: dict[str, Any]) -> Any:
+    """A pickled :func:`windowed_tpe` sampler, rebuilt (its class is made once Optuna is imported, so
+    pickle cannot name it: Ray Tune pickles its searcher, and the benchmarks' Tune baseline uses
+    tuner's sampler)."""
+    if not _windowed_tpe:
+        _windowed_tpe.append(_windowed_tpe_class())
+    cls: Any = _windowed_tpe[0]
+    sampler = cls.__new__(cls)
+    sampler.__dict__.update(state)
+    return sampler
+
+
 def _windowed_tpe_class() -> type:
     import optuna
     from optuna.trial import FrozenTrial, TrialState
@@ -914,6 +926,9 @@ def _windowed_tpe_class() -> type:
             super().__init__(**tpe)
             self.window, self.best = window, best
             self._best_of: dict[tuple[int, int, bool], frozenset[int]] = {}  # (finished, last, pruned?) -> numbers
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            return _windowed_tpe_from, (dict(self.__dict__),)
 
         def visible(self, study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
             """``trials`` as this sampler reads them: every one up to ``window`` finished, else the
