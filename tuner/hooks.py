@@ -878,19 +878,22 @@ def windowed_tpe(window: int = TPE_WINDOW, best: int = TPE_BEST, **tpe: Any) -> 
 
     Fails open: without ``_split_trials`` or ``Study._get_trials`` the sampler reads every trial.
     """
+    sampler: optuna.samplers.TPESampler = _windowed_tpe_type()(window, best, **tpe)
+    return sampler
+
+
+def _windowed_tpe_type() -> Any:
+    """``WindowedTPE``, made once (Optuna imported then)."""
     if not _windowed_tpe:
         _windowed_tpe.append(_windowed_tpe_class())
-    sampler: optuna.samplers.TPESampler = _windowed_tpe[0](window, best, **tpe)
-    return sampler
+    return _windowed_tpe[0]
 
 
 def _windowed_tpe_from(state: dict[str, Any]) -> Any:
     """A pickled :func:`windowed_tpe` sampler, rebuilt (its class is made once Optuna is imported, so
     pickle cannot name it: Ray Tune pickles its searcher, and the benchmarks' Tune baseline uses
     tuner's sampler)."""
-    if not _windowed_tpe:
-        _windowed_tpe.append(_windowed_tpe_class())
-    cls: Any = _windowed_tpe[0]
+    cls = _windowed_tpe_type()
     sampler = cls.__new__(cls)
     sampler.__dict__.update(state)
     return sampler
