@@ -102,14 +102,6 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(finite) if finite else float("nan")
 
 
-def tf_import_seconds() -> float:
-    """Wall time of ``python -c "import tensorflow"`` in a fresh process."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True, env=env, capture_output=True)
-    return time.perf_counter() - started
-
-
 def python_locked(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """Run ``python ARGV`` with the repository importable and TensorFlow's logs quiet, under
     ``flock $BENCH_LOCK`` where that is set (a machine shared with tests); output captured as text."""
