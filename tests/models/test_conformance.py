@@ -18,7 +18,8 @@ from tuner.records import RunSpec, RunStatus, TrainConfig
 pytestmark = pytest.mark.tf
 
 PLANTED = f"{Path(__file__).resolve().parent.parent / 'fixtures' / 'planted.py'}:Planted"
-MODELS = [*sorted(BUILTIN), PLANTED]
+ADDING_RNN = f"{Path(__file__).resolve().parents[2] / 'examples' / 'adding_lstm.py'}:AddingRNN"
+MODELS = [*sorted(BUILTIN), PLANTED, ADDING_RNN]
 
 
 def defaults(model) -> dict:
