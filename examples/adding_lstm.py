@@ -107,13 +107,14 @@ class _IdentityRecurrence:
 
 
 def adding_problem(n: int, seq_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` sequences: values in [0, 1) and a 0/1 marker on two steps (one in each half); the sums of the marked values."""
+    """``n`` sequences of ``seq_len`` >= 2 steps: values in [0, 1) and a 0/1 marker on two steps (one in
+    each half); and the sums of the marked values."""
     rng = np.random.default_rng(seed)
     values = rng.random((n, seq_len), dtype=np.float32)
     markers = np.zeros((n, seq_len), np.float32)
-    half = max(1, seq_len // 2)
+    half = seq_len // 2
     first = rng.integers(0, half, n)
-    second = rng.integers(half, seq_len, n) if seq_len > 1 else first
+    second = rng.integers(half, seq_len, n)
     markers[np.arange(n), first] = 1.0
     markers[np.arange(n), second] = 1.0
     sums = (values * markers).sum(axis=1, keepdims=True).astype(np.float32)
