@@ -23,7 +23,7 @@ median compute ratio <= 1.6x (issue 12: "racing and the final verification toget
     .venv/bin/python bench/robustness.py [--budgets small,default] [--sampler-seeds 0,1,2]
                                          [--held-out-seeds 32] [--json PATH] [--smoke]
                                          [--now-flags="--race-seeds 8"] [--alt-flags="--pruner none"]
-                                         [--no-racing-baseline]
+                                         [--no-racing-baseline] [--model SPEC --space FILE]
 
 ``--alt-flags`` adds a third launch per sampler seed, tuner now with those flags instead, and
 compares the two: steps saved (search + race + verify), held-out survival and validation loss
@@ -35,6 +35,7 @@ set to a file, every ``python -m tuner`` runs under ``flock`` on it (a machine s
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import tempfile
@@ -50,6 +51,8 @@ SMOKE_NOW = ["--race-seeds", "4", "--verify-seeds", "4", "--min-survival", "0.4"
 VARIANTS = {"now": [], "norace": ["--race-seeds", "0", "--verify-seeds", "0", "--no-margin", "--pruner", "none",
                                    "--no-graph-reuse"]}
 PHASES = ("search", "race", "verify", "margin")
+STUDY = "robustness"
+MODEL: list[str] = []  # --model and --space, given to every launch
 NORMAL_EXITS = (0, 3)  # 0: a verified success; 3: the config is not shown stable
 GOAL_SURVIVAL = 31 / 32
 GOAL_COMPUTE = 1.6
@@ -70,11 +73,11 @@ def launch(tmp: str, trials: int, steps: int, seed: int, extra: list[str]) -> di
     storage = f"sqlite:///{tmp}/optuna.db"
     argv = ["launch", "--trials", str(trials), "--steps", str(steps), "--storage", storage,
             "--out", f"{tmp}/best_config.yaml", "--no-tracking", "--no-live", "--num-cpus", "2",
-            "--seed", str(seed), *extra]
+            "--seed", str(seed), "--study", STUDY, *MODEL, *extra]
     started = time.perf_counter()
     code, _ = tuner(argv, tmp)
     wall = time.perf_counter() - started
-    compute = optuna.load_study(study_name="iterated_mlp", storage=storage).user_attrs.get("tuner.compute", {})
+    compute = optuna.load_study(study_name=STUDY, storage=storage).user_attrs.get("tuner.compute", {})
     return {"exit": code, "wall": wall, "steps": {p: compute.get(p, {}).get("steps", 0.0) for p in PHASES},
             "runs": {p: compute.get(p, {}).get("runs", 0.0) for p in PHASES},
             "seconds": {p: compute.get(p, {}).get("seconds", 0.0) for p in PHASES}}
@@ -209,8 +212,15 @@ def main() -> None:
                                        "compare (--alt-flags='--pruner none': what the pruner saves)")
     p.add_argument("--no-racing-baseline", action="store_true",
                    help="skip the launch without racing (with --alt-flags: compare tuner now and alt only)")
+    p.add_argument("--model", help="the model every launch trains (default: iterated_mlp)")
+    p.add_argument("--space", help="its search space file (default: the model's shipped one)")
     p.add_argument("--json", help="write the raw figures here")
     args = p.parse_args()
+    if args.model:  # launches run in temporary folders: a model file and the space by absolute path
+        path, colon, name = args.model.rpartition(":")
+        MODEL.extend(["--model", f"{os.path.abspath(path)}:{name}" if colon and os.path.isfile(path) else args.model])
+    if args.space:
+        MODEL.extend(["--space", os.path.abspath(args.space)])
     seeds = [int(s) for s in args.sampler_seeds.split(",")]
     unknown = set(args.budgets.split(",")) - set(BUDGETS)
     if unknown:
@@ -226,7 +236,8 @@ def main() -> None:
             p.error("--no-racing-baseline leaves nothing to compare without --alt-flags")
         del VARIANTS["norace"]
 
-    print_header(f"robustness: {', '.join(f'{n} ({t} trials x {s} steps)' for n, (t, s) in budgets.items())}, "
+    sizes = ", ".join(f"{n} ({t} trials x {s} steps)" for n, (t, s) in budgets.items())
+    print_header(f"robustness of {args.model or 'iterated_mlp'}: {sizes}, "
                  f"sampler seeds {seeds}, {args.held_out_seeds} held-out seeds at 2x steps")
     rows, summaries = [], {}
     for budget, (trials, steps) in budgets.items():
