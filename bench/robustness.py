@@ -53,6 +53,7 @@ VARIANTS = {"now": [], "norace": ["--race-seeds", "0", "--verify-seeds", "0", "-
 PHASES = ("search", "race", "verify", "margin")
 STUDY = "robustness"
 MODEL: list[str] = []  # --model and --space, given to every launch
+VERIFY_MODEL: list[str] = []  # --model, given to every held-out check (a config file never picks the code run)
 NORMAL_EXITS = (0, 3)  # 0: a verified success; 3: the config is not shown stable
 GOAL_SURVIVAL = 31 / 32
 GOAL_COMPUTE = 1.6
@@ -89,7 +90,7 @@ def held_out(tmp: str, steps: int, seeds: int, seed: int) -> tuple[int, int, flo
     # the bar only sets verify's exit status (unused here); cap it at what ``seeds`` can reach
     bar = min(0.8, int(100 * seeds / (seeds + Z95 * Z95)) / 100)
     _, out = tuner(["verify", f"{tmp}/best_config.yaml", "--seeds", str(seeds), "--steps", str(2 * steps),
-                    "--seed", str(1000 + seed), "--num-cpus", "2", "--min-survival", str(bar)], tmp)
+                    "--seed", str(1000 + seed), "--num-cpus", "2", "--min-survival", str(bar), *VERIFY_MODEL], tmp)
     found = re.findall(r"survived (\d+)/(\d+)", out)
     if not found:
         sys.exit(f"no 'survived k/n' line in tuner verify's output:\n{out[-3000:]}")
@@ -218,7 +219,9 @@ def main() -> None:
     args = p.parse_args()
     if args.model:  # launches run in temporary folders: a model file and the space by absolute path
         path, colon, name = args.model.rpartition(":")
-        MODEL.extend(["--model", f"{os.path.abspath(path)}:{name}" if colon and os.path.isfile(path) else args.model])
+        spec = f"{os.path.abspath(path)}:{name}" if colon and os.path.isfile(path) else args.model
+        VERIFY_MODEL.extend(["--model", spec])
+        MODEL.extend(VERIFY_MODEL)
     if args.space:
         MODEL.extend(["--space", os.path.abspath(args.space)])
     seeds = [int(s) for s in args.sampler_seeds.split(",")]

@@ -10,6 +10,8 @@ trial at a time (its seeds in parallel), until it hits the target or reaches ``-
 per sampler over the study seeds, and TPE's median / random's (goal: at most 0.5).
 
     .venv/bin/python bench/search_efficiency.py [--study-seeds 5] [--max-trials 40] [--samplers tpe,random] [--smoke]
+
+``--samplers tpe-constrained``: TPE told each diverged trial's broken constraint (``constrained_tpe``).
 """
 
 from __future__ import annotations
@@ -43,11 +45,44 @@ def trials_to_target(executor: Any, sampler: Any, target: float, args: argparse.
 
 
 def samplers(seed: int, names: list[str]) -> dict[str, Any]:
-    """The samplers compared, seeded."""
+    """The samplers compared, seeded; ``tpe-constrained`` is tuner's TPE told a diverged trial's
+    broken constraint (Optuna's constrained TPE, issue 32)."""
     from tuner.driver.search import make_sampler
 
     searched = len(efficiency_space().searched())
-    return {name: make_sampler(name, seed, searched) for name in names}
+    made = {name: make_sampler(name, seed, searched) for name in names if name != "tpe-constrained"}
+    if "tpe-constrained" in names:
+        made["tpe-constrained"] = constrained_tpe(seed, searched)
+    return made
+
+
+def constrained_tpe(seed: int, searched: int) -> Any:
+    """``make_sampler("tpe")``'s TPE with ``constraints_func``: a diverged trial broke the constraint by
+    the share of its steps it did not survive (its earliest diverged seed's), any other trial none.
+
+    Optuna's TPE (5.0) ranks the trials it splits: complete by value, then pruned by their last
+    step, then those that broke a constraint by how much. A diverged trial is pruned with NaN at its
+    divergence step, so this changes the order only where a pruner stopped trials.
+    """
+    import warnings
+
+    import optuna
+
+    from tuner.driver.trialrecord import SeedStatus, read
+    from tuner.hooks import windowed_tpe
+    from tuner.records import TrialState
+
+    def violation(trial: optuna.trial.FrozenTrial) -> tuple[float]:
+        record = read(trial)
+        if record is None or record.state is not TrialState.DIVERGED:
+            return (0.0,)
+        survived = min(run.steps_survived for run in record.seeds if run.status is SeedStatus.DIVERGED)
+        return (1.0 - survived / record.steps,)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # constraints_func: experimental, and deprecated for set_constraint
+        return windowed_tpe(seed=seed, multivariate=True, group=True, constant_liar=True,
+                            n_startup_trials=min(10, max(4, 2 * searched)), constraints_func=violation)
 
 
 def reference(executor: Any, args: argparse.Namespace) -> dict[str, Any]:
