@@ -68,8 +68,8 @@ def constrained_tpe(seed: int, searched: int) -> Any:
 
     import optuna
 
+    from tuner.driver.search import make_sampler
     from tuner.driver.trialrecord import SeedStatus, read
-    from tuner.hooks import windowed_tpe
     from tuner.records import TrialState
 
     def violation(trial: optuna.trial.FrozenTrial) -> tuple[float]:
@@ -81,8 +81,7 @@ def constrained_tpe(seed: int, searched: int) -> Any:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # constraints_func: experimental, and deprecated for set_constraint
-        return windowed_tpe(seed=seed, multivariate=True, group=True, constant_liar=True,
-                            n_startup_trials=min(10, max(4, 2 * searched)), constraints_func=violation)
+        return make_sampler("tpe", seed, searched, constraints_func=violation)
 
 
 def reference(executor: Any, args: argparse.Namespace) -> dict[str, Any]:

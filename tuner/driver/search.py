@@ -23,6 +23,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import optuna
 
@@ -349,13 +350,14 @@ class Search:
         active.trial.report(float("nan"), first.step if kept is None else kept + 1)
 
 
-def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.BaseSampler:
+def make_sampler(kind: str, seed: int | None, searched: int, **tpe: Any) -> optuna.samplers.BaseSampler:
     """The study's sampler: ``random``, or ``tpe`` (multivariate, constant liar for parallel trials).
 
     TPE starts from ``2 x searched`` random trials, between 4 and Optuna's default of 10: on a
     small space ten random trials often find a good config before TPE has had its say. Past
     ``tuner.hooks.TPE_WINDOW`` finished trials it reads the best 25 and the most recent ones only
-    (``tuner.hooks.windowed_tpe``), so that an ask does not grow with the study.
+    (``tuner.hooks.windowed_tpe``), so that an ask does not grow with the study. ``tpe``: more of
+    ``TPESampler``'s options (a benchmark's variant).
     """
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -364,5 +366,6 @@ def make_sampler(kind: str, seed: int | None, searched: int) -> optuna.samplers.
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # ``group`` is experimental
         # group: a nullable knob's value is suggested only when ``use_<name>`` is true (tuner.spaces.Param),
         # and TPE models each set of params that occur together instead of sampling them independently
-        return windowed_tpe(seed=seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=startup)
+        return windowed_tpe(seed=seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=startup,
+                            **tpe)
 
