@@ -4,11 +4,11 @@ A guide for choosing ``--pruner``, not its proof (``bench/robustness.py --alt-fl
 launches, held-out seeds). Measuring one rule there costs two launches and two held-out checks per
 sampler seed; this replays many rules over the same recorded studies in seconds.
 
-Collect (``--collect``): for each sampler seed S, one search-only launch of iterated_mlp at the
-default budget with no pruner (``python -m tuner launch --trials 30 --steps 600 --race-seeds 0
---verify-seeds 0 --no-margin --pruner none --seed S``), its Optuna SQLite storage kept in
-``--dir``. Every trial's intermediate values (the seeds' mean training loss every 25 steps) and its
-validation loss are recorded there.
+Collect (``--collect``): for each sampler seed S, one search-only launch of iterated_mlp (or
+``--model``, with ``--space``) at the default budget with no pruner (``python -m tuner launch
+--trials 30 --steps 600 --race-seeds 0 --verify-seeds 0 --no-margin --pruner none --seed S``), its
+Optuna SQLite storage kept in ``--dir``. Every trial's intermediate values (the seeds' mean
+training loss every 25 steps) and its validation loss are recorded there.
 
 Replay: each rule is a pruner as a launch makes it (Optuna's own classes and tuner's
 ``BehindBestPruner``, from ``tuner.driver.pruning``), on an in-memory Optuna study. The recorded
@@ -30,6 +30,8 @@ and the verification, and held-out survival.
 
     .venv/bin/python bench/pruner_replay.py --collect --sampler-seeds 0,1,2,3,4,5 --dir /tmp/replay
     .venv/bin/python bench/pruner_replay.py --dir /tmp/replay
+    .venv/bin/python bench/pruner_replay.py --collect --sampler-seeds 0,1,2,3,4,5,6,7,8,9 --dir /tmp/replay-lstm \
+        --model examples/adding_lstm.py:AddingRNN --space examples/adding_lstm.yaml
     .venv/bin/python bench/pruner_replay.py --smoke     # one study of 4 trials x 100 steps, in a temporary folder
 """
 
@@ -51,6 +53,7 @@ from benchlib import median, print_header, python_locked, table
 from tuner.driver.pruning import BehindBestPruner, make_pruner, prune_start
 
 TRIALS, STEPS = 30, 600
+MODEL, SPACE = "iterated_mlp", ""  # --model and --space: the model the recorded launches train, and its space
 
 
 @dataclass
@@ -66,7 +69,8 @@ def collect(directory: str, seed: int) -> None:
     path = os.path.join(directory, f"study-{seed}.db")
     if os.path.exists(path):
         return
-    argv = ["launch", "--trials", str(TRIALS), "--steps", str(STEPS), "--study", "iterated_mlp", "--storage", f"sqlite:///{path}.part",
+    argv = ["launch", "--trials", str(TRIALS), "--steps", str(STEPS), "--study", "replay", "--storage", f"sqlite:///{path}.part",
+            "--model", MODEL, *(["--space", SPACE] if SPACE else []),
             "--out", os.path.join(directory, f"best-{seed}.yaml"), "--race-seeds", "0", "--verify-seeds", "0",
             "--no-margin", "--pruner", "none", "--no-tracking", "--no-live", "--num-cpus", "2", "--seed", str(seed)]
     done = python_locked(["-m", "tuner", *argv], cwd=directory)
@@ -75,8 +79,14 @@ def collect(directory: str, seed: int) -> None:
     os.replace(f"{path}.part", path)
 
 
+def load(path: str) -> optuna.Study:
+    """The one study a recorded launch wrote (``replay``; ``iterated_mlp`` in folders recorded before --model)."""
+    storage = f"sqlite:///{path}"
+    return optuna.load_study(study_name=optuna.get_all_study_names(storage)[0], storage=storage)
+
+
 def curves(path: str) -> list[Curve]:
-    study = optuna.load_study(study_name="iterated_mlp", storage=f"sqlite:///{path}")
+    study = load(path)
     out = []
     for t in study.get_trials(deepcopy=False):
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
@@ -185,7 +195,9 @@ def main() -> None:
     p.add_argument("--collect", action="store_true", help="first record the studies that are missing")
     p.add_argument("--sampler-seeds", default="0,1,2", help="comma-separated sampler seeds to collect")
     p.add_argument("--smoke", action="store_true", help="record and replay one study of 4 trials x 100 steps")
+    add_model_args(p)
     args = p.parse_args()
+    use_model(args)
     if args.smoke:
         global TRIALS, STEPS
         TRIALS, STEPS = 4, 100
@@ -197,6 +209,19 @@ def main() -> None:
     if not args.dir:
         p.error("--dir is required (or --smoke)")
     run(args)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=MODEL, help="the model the recorded launches train (default: iterated_mlp; "
+                   "a path/to/file.py:Name is made absolute: launches run in --dir)")
+    p.add_argument("--space", default="", help="its search space file (default: the model's shipped one)")
+
+
+def use_model(args: argparse.Namespace) -> None:
+    global MODEL, SPACE
+    path, colon, name = args.model.rpartition(":")
+    MODEL = f"{os.path.abspath(path)}:{name}" if colon and os.path.isfile(path) else args.model
+    SPACE = os.path.abspath(args.space) if args.space else ""
 
 
 def run(args: argparse.Namespace) -> None:

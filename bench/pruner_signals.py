@@ -27,6 +27,8 @@ seed's recorded run, 2 slots, the runs in step): the saving against ``--pruner n
 same way, whether the study's best trial still finishes, and the worst regret.
 
     BENCH_LOCK=/tmp/tf.lock .venv/bin/python bench/pruner_signals.py --dir /tmp/replay   # about 2 min a study
+    .venv/bin/python bench/pruner_signals.py --dir /tmp/replay-lstm --model examples/adding_lstm.py:AddingRNN \
+        --space examples/adding_lstm.yaml   # the model its studies were recorded with (pruner_replay.py --model)
     .venv/bin/python bench/pruner_signals.py --smoke    # one study of 4 trials x 100 steps, in a temporary folder
 """
 
@@ -54,6 +56,10 @@ VAL_FACTOR = 2.0  # the factor of ``behind`` on the validation loss at 4a5b639 (
 def record(path: str) -> None:
     """Retrain every finished trial of study ``path`` (each of its seeds) and write every step's loss."""
     import optuna
+
+    from tuner.worker.actor import import_tensorflow
+
+    import_tensorflow()  # as a worker imports it: Keras 2 for tf.compat.v1's layers and cells
     import tensorflow as tf
 
     from tuner.models import load_model
@@ -63,8 +69,8 @@ def record(path: str) -> None:
     from tuner.worker.train import Stepper
 
     tf.compat.v1.disable_eager_execution()
-    model = load_model("iterated_mlp")
-    study = optuna.load_study(study_name="iterated_mlp", storage=f"sqlite:///{path}")
+    model = load_model(pr.MODEL)
+    study = pr.load(path)
     out = {}
     for t in study.get_trials(deepcopy=False):
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
@@ -75,7 +81,7 @@ def record(path: str) -> None:
         seeds = {}
         for seed in (s["seed"] for s in trial["seeds"]):
             built = build(model, config, seed, lambda: False)
-            spec = RunSpec(trial=t.number, seed=seed, model="iterated_mlp", config=config, steps=pr.STEPS)
+            spec = RunSpec(trial=t.number, seed=seed, model=pr.MODEL, config=config, steps=pr.STEPS)
             val_at: dict[str, float] = {}  # report step -> the validation loss there (up to half the steps)
             with tf.compat.v1.Session(graph=built.graph, config=session_config(1, gpu=False)) as sess:
                 built.start(sess, config)
@@ -98,7 +104,7 @@ def record(path: str) -> None:
 def record_missing(directory: str) -> None:
     for path in sorted(glob.glob(os.path.join(directory, "study-*.db"))):
         if not os.path.exists(f"{path[:-3]}.steps.json"):
-            done = python_locked([__file__, "--record", path, "--steps", str(pr.STEPS)])
+            done = python_locked([__file__, "--record", path, "--steps", str(pr.STEPS), "--model", pr.MODEL])
             if done.returncode:
                 sys.exit(f"retraining {path} failed:\n{done.stderr[-4000:]}")
             print(f"retrained {os.path.basename(path)}", flush=True)
@@ -230,9 +236,10 @@ class Recorded:
         return out
 
 
-def replay_search(trials: dict, kind: str) -> tuple[dict[int, int], dict[int, float]]:
-    """Replay a recorded study through tuner's Search with ``--pruner KIND`` as a launch makes it (no
-    racing): (steps trained per trial, the validation loss of each trial told COMPLETE)."""
+def replay_search(trials: dict, kind: str, pruner: object = None) -> tuple[dict[int, int], dict[int, float]]:
+    """Replay a recorded study through tuner's Search with ``--pruner KIND`` as a launch makes it, or
+    ``pruner`` asked from KIND's first step (no racing): (steps trained per trial, the validation
+    loss of each trial told COMPLETE)."""
     import optuna
 
     from tuner.driver.evidence import SeedStream
@@ -242,27 +249,48 @@ def replay_search(trials: dict, kind: str) -> tuple[dict[int, int], dict[int, fl
 
     ordered = [t for _, t in sorted(trials.items(), key=lambda kv: int(kv[0]))]
     executor = Recorded(ordered)
-    study = optuna.create_study(direction="minimize", pruner=make_pruner(kind, pr.STEPS))
+    study = optuna.create_study(direction="minimize", pruner=pruner or make_pruner(kind, pr.STEPS))
     budget = Budget(len(ordered), pr.STEPS, seeds=2, report_every=REPORT_EVERY, prune_from=prune_start(kind, pr.STEPS))
     Search(study, space_from({}, "replay", {}, "<replay>"), "replay", executor, budget, stream=SeedStream(0)).run()
     values = {t.number: t.value for t in study.trials if t.state is optuna.trial.TrialState.COMPLETE}
     return {i: executor.trained.get(i, 0) for i in range(len(ordered))}, values
 
 
-def through_search(studies: dict[str, dict], kinds: Sequence[str]) -> list[list[object]]:
-    """Per pruner kind, each study replayed through the search: the saving against ``none`` replayed
-    the same way (median, and per study), the winner kept, and the worst regret."""
+def fixed_first_seed() -> object:
+    """``--pruner first-seed`` as it was before its loss rule checked itself against the study
+    (``FirstSeedPruner.cuts_a_winner``, 2026-12-07): the fixed 3x at every step."""
+    from tuner.driver.pruning import FirstSeedPruner, prune_start
+
+    class Fixed(FirstSeedPruner):
+        def cuts_a_winner(self, trials: list, step: int, bar: float) -> bool:
+            return False
+
+    return Fixed(prune_start("first-seed", pr.STEPS), max_step=pr.STEPS // 2)
+
+
+SEARCHED: dict[str, tuple[str, Callable[[], object] | None]] = {  # label -> (--pruner kind, another pruner of it)
+    "behind": ("behind", None),
+    "first-seed": ("first-seed", None),
+    "first-seed, fixed loss rule (before 2026-12-07)": ("first-seed", fixed_first_seed),
+}
+
+
+def through_search(studies: dict[str, dict], kinds: dict[str, tuple[str, Callable[[], object] | None]]
+                   ) -> list[list[object]]:
+    """Per pruner (label -> its kind and, if not as a launch makes it, a factory), each study replayed
+    through the search: the saving against ``none`` replayed the same way (median, and per study),
+    the winner kept, and the worst regret."""
     rows = []
     base = {name: replay_search(trials, "none") for name, trials in studies.items()}
-    for kind in kinds:
+    for label, (kind, make) in kinds.items():
         saved, kept, regret = [], 0, []
         for name, trials in studies.items():
-            steps, values = replay_search(trials, kind)
+            steps, values = replay_search(trials, kind, make() if make else None)
             best, best_kept = min(base[name][1].values(), default=math.nan), min(values.values(), default=math.inf)
             saved.append(1 - sum(steps.values()) / sum(base[name][0].values()))
             kept += best_kept == best
             regret.append(best_kept / best)
-        rows.append([kind, median(saved), " ".join(f"{x:.0%}" for x in saved), f"{kept} of {len(studies)}",
+        rows.append([label, median(saved), " ".join(f"{x:.0%}" for x in saved), f"{kept} of {len(studies)}",
                      max(regret)])
     return rows
 
@@ -310,13 +338,14 @@ def run(directory: str) -> None:
     ceilings = [ceiling(trials) for trials in studies.values()]
     print(table(["study", "seed A's val ranks seed B's", f"seed A's loss at {pr.STEPS // 4} ranks seed B's val"],
                 [[name, *c] for name, c in zip(studies, ceilings, strict=True)]))
-    searched = through_search(studies, ("behind", "first-seed"))
+    searched = through_search(studies, SEARCHED)
     print("Replayed through tuner's Search (2 slots, runs in step; saved against --pruner none replayed so):")
     print(table(["--pruner", "saved (median)", "saved per study", "winner kept", "worst regret"], searched))
     first = searched[1]
     print(f"RESULT pruner_signals first_seed = {first[1]:.0%} saved (median), winner kept in {first[3]}, worst "
           f"regret {first[4]:.3f} (--pruner first-seed through the search; behind: {searched[0][1]:.0%}, "
-          f"{searched[0][3]}, {searched[0][4]:.3f})")
+          f"{searched[0][3]}, {searched[0][4]:.3f}; first-seed's fixed loss rule before 2026-12-07: "
+          f"{searched[2][1]:.0%}, {searched[2][3]}, {searched[2][4]:.3f})")
     val = next(r for r in rows if SIGNALS[str(r[0])] is val_in_window)
     print(f"RESULT pruner_signals val_behind = {val[4]:.0%} saved (median), winner kept in {val[5]}, worst regret "
           f"{val[6]:.3f} (2x the best finished trial's validation loss, a quarter to a third of the steps)")
@@ -334,7 +363,9 @@ def main() -> None:
     p.add_argument("--smoke", action="store_true", help="record, retrain and read one study of 4 trials x 100 steps")
     p.add_argument("--record", metavar="STUDY_DB", help=argparse.SUPPRESS)  # the retraining subprocess
     p.add_argument("--steps", type=int, default=pr.STEPS, help=argparse.SUPPRESS)
+    pr.add_model_args(p)
     args = p.parse_args()
+    pr.use_model(args)
     pr.STEPS = args.steps
     if args.record:
         record(args.record)
