@@ -67,3 +67,40 @@ def test_stop_reason_names_each_pruners_rule_and_factor() -> None:
         "at step 40 its first seed's loss was more than 4x the lowest loss a finished trial's first seed had")
     assert "not in the best third" in stop_reason(make_pruner("asha", 200), 60)
     assert "behind the median" in stop_reason(make_pruner("median", 200), 100)
+
+
+def _finished(study: optuna.Study, loss_at_10: float, value: float | None) -> None:
+    """A trial that reported ``loss_at_10`` at step 10 and ended COMPLETE with ``value`` (None: PRUNED)."""
+    trial = study.ask()
+    trial.report(loss_at_10, 10)
+    if value is None:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
+
+
+def _asked_at_10(study: optuna.Study, loss: float) -> bool:
+    trial = study.ask()
+    trial.report(loss, 10)
+    return trial.should_prune()
+
+
+def test_first_seed_loss_rule_stands_down_where_a_trial_as_far_behind_ended_among_the_best() -> None:
+    """A model that learns in a jump at a step that varies (examples/adding_lstm.py): a trial still on
+    the plateau at step 10 ended the best, so being behind at step 10 says nothing in this study."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(pruner=FirstSeedPruner(min_step=10, max_step=20, factor=3.0, val_factor=1.2))
+    for loss, value in ((0.01, 0.10), (0.20, 0.50), (0.30, 0.60)):  # the early learner ended best
+        _finished(study, loss, value)
+    assert _asked_at_10(study, 0.16)  # above 3 x 0.01, and no trial that far behind ended near the best
+    _finished(study, 0.16, 0.11)  # a late learner: 16x behind at step 10, then within 1.2x of the best
+    assert not _asked_at_10(study, 0.16)
+    assert not _asked_at_10(study, 0.5)  # stood down at this step, however far behind
+    stopped = optuna.create_study(pruner=FirstSeedPruner(min_step=10, max_step=20, factor=3.0, val_factor=1.2))
+    for loss, value in ((0.01, 0.10), (0.20, 0.50), (0.30, 0.60), (0.16, None)):  # one stopped there: no final
+        _finished(stopped, loss, value)
+    assert _asked_at_10(stopped, 0.16)
+    behind = optuna.create_study(pruner=BehindBestPruner(min_step=10, max_step=20, factor=3.0))
+    for loss, value in ((0.01, 0.10), (0.20, 0.50), (0.30, 0.60), (0.16, 0.11)):
+        _finished(behind, loss, value)
+    assert _asked_at_10(behind, 0.16)  # --pruner behind keeps its fixed rule

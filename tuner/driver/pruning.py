@@ -73,9 +73,16 @@ class BehindBestPruner(optuna.pruners.BasePruner):
         if not math.isfinite(value):
             return False  # a divergence is the search's to report, not the pruner's
         finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-        others = [v for t in study.get_trials(deepcopy=False, states=finished)
-                  if (v := t.intermediate_values.get(step)) is not None and math.isfinite(v)]
-        return len(others) >= self.min_trials and value > self.factor * min(others)
+        trials = study.get_trials(deepcopy=False, states=finished)
+        others = [v for t in trials if (v := t.intermediate_values.get(step)) is not None and math.isfinite(v)]
+        if len(others) < self.min_trials or value <= self.factor * min(others):
+            return False
+        return not self.cuts_a_winner(trials, step, self.factor * min(others))
+
+    def cuts_a_winner(self, trials: list[optuna.trial.FrozenTrial], step: int, bar: float) -> bool:
+        """Whether a finished trial above ``bar`` at ``step`` ended among the best (so the rule would be
+        wrong at this step in this study): never here; :class:`FirstSeedPruner` checks."""
+        return False
 
 
 class FirstSeedPruner(BehindBestPruner):
@@ -83,7 +90,10 @@ class FirstSeedPruner(BehindBestPruner):
 
     While the first seed trains (the trial's reported values are that seed's), it is stopped above
     ``factor`` x the lowest loss a finished trial's first seed had at the same step, between
-    ``min_step`` and ``max_step`` (:class:`BehindBestPruner`). When it ends, the search asks the
+    ``min_step`` and ``max_step`` (:class:`BehindBestPruner`), unless a trial that ran to the end was
+    as far behind at that step and still ended within ``val_factor`` x the best validation loss
+    (:meth:`cuts_a_winner`: the study itself shows that the rule is wrong there, as on a model that
+    learns in a jump at a step that varies). When it ends, the search asks the
     pruner's :meth:`seed_policy` (``tuner.driver.seeding.FirstSeed``) whether the other seeds run:
     not when the first seed's validation loss is above ``val_factor`` x the best validation loss of
     a trial that survived all its seeds.
@@ -113,6 +123,18 @@ class FirstSeedPruner(BehindBestPruner):
     def seed_policy(self) -> FirstSeed:
         """Which of a trial's seeds run, and when (``tuner.driver.seeding``)."""
         return FirstSeed(self.val_factor, self.min_trials)
+
+    def cuts_a_winner(self, trials: list[optuna.trial.FrozenTrial], step: int, bar: float) -> bool:
+        """Whether a trial of this study that ran to the end (COMPLETE) was above ``bar`` at ``step`` and
+        still ended within ``val_factor`` x the best validation loss: then a loss this far behind at this
+        step is no sign of a worse trial here (a model that learns in a jump, at a step that varies),
+        and the training-loss rule stops nothing at this step."""
+        complete = [t for t in trials if t.state is optuna.trial.TrialState.COMPLETE and t.value is not None]
+        if not complete:
+            return False
+        near_best = self.val_factor * min(float(t.value) for t in complete if t.value is not None)
+        return any(float(t.value) <= near_best and (v := t.intermediate_values.get(step)) is not None
+                   and math.isfinite(v) and v > bar for t in complete if t.value is not None)
 
 
 @dataclass(frozen=True)
@@ -162,7 +184,8 @@ PRUNERS: dict[PrunerName, Pruning] = {  # in the order ``--pruner`` lists them
         lambda steps: FirstSeedPruner(prune_start("first-seed", steps), max_step=steps // 2),
         lambda steps: max(1, steps // 6), _first_seed_reason,
         f"a trial's first seed runs alone, stopped above {FIRST_SEED_FACTOR:g}x the lowest loss a finished trial's "
-        "first seed had at the same step, from a sixth to half the steps; its other seeds run only if its "
+        "first seed had at the same step, from a sixth to half the steps, unless a trial as far behind there "
+        "ended near the best; its other seeds run only if its "
         f"validation loss is within {FIRST_SEED_VAL_FACTOR:g}x the best trial's", FirstSeedPruner),
     "median": Pruning(
         lambda steps: optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0),
