@@ -133,3 +133,18 @@ def test_pruner_signals_replays_first_seed_through_the_search_counting_the_steps
     assert sorted(values) == [0, 1, 2, 3, 4, 7] and values[7] == pytest.approx(0.205)
     steps, values = signals.replay_search(trials, "none")
     assert set(steps.values()) == {1200} and sorted(values) == list(range(8))
+
+
+def test_robustness_interval_of_the_median_ratio_is_narrow_only_where_the_seeds_agree() -> None:
+    """bench/robustness.py's paired bootstrap over sampler seeds: the same exports give exactly 1;
+    exports that agree seed by seed within 2 % give an interval within 2 %; exports whose losses
+    spread over two orders of magnitude (as on examples/adding_lstm.py) give one too wide to tell 5 %."""
+    robustness = bench_module("robustness")
+    alt = [0.0002, 0.0003, 0.0003, 0.0005, 0.0005, 0.0007, 0.003, 0.006, 0.008, 0.028]
+    assert robustness.bootstrap_interval(alt, alt, draws=500) == (1.0, 1.0)
+    close = [v * (1.02 if i % 2 else 0.98) for i, v in enumerate(alt)]
+    low, high = robustness.bootstrap_interval(close, alt, draws=500)
+    assert 0.98 <= low <= high <= 1.02
+    shuffled = [0.0003, 0.0002, 0.028, 0.0005, 0.006, 0.0003, 0.0007, 0.0005, 0.003, 0.008]  # the same values
+    low, high = robustness.bootstrap_interval(shuffled, alt, draws=500)
+    assert low < 0.5 and high > 2.0
