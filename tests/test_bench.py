@@ -148,3 +148,25 @@ def test_robustness_interval_of_the_median_ratio_is_narrow_only_where_the_seeds_
     shuffled = [0.0003, 0.0002, 0.028, 0.0005, 0.006, 0.0003, 0.0007, 0.0005, 0.003, 0.008]  # the same values
     low, high = robustness.bootstrap_interval(shuffled, alt, draws=500)
     assert low < 0.5 and high > 2.0
+
+
+def test_search_efficiency_constrained_tpe_is_told_how_early_a_trial_diverged() -> None:
+    """bench/search_efficiency.py's ``tpe-constrained``: tuner's TPE (make_sampler's settings) whose
+    constraint a diverged trial breaks by the share of steps it did not survive, through the real
+    search loop (tests/test_search.py's in-process executor)."""
+    import optuna
+
+    from tests.test_search import FakeExecutor, make_search
+
+    efficiency = bench_module("search_efficiency")
+    sampler = efficiency.constrained_tpe(seed=0, searched=1)
+    assert isinstance(sampler, optuna.samplers.TPESampler) and sampler._multivariate and sampler._constant_liar
+    search = make_search(2, FakeExecutor(), sampler)
+    search.study.enqueue_trial({"learning_rate": 0.02})  # diverges at step 25 or 26 of 200, by its seed
+    search.study.enqueue_trial({"learning_rate": 10**-2.5})  # survives
+    search.run()
+    diverged, survived = search.study.trials
+    assert diverged.state is optuna.trial.TrialState.PRUNED
+    (violation,) = diverged.system_attrs["constraints"]
+    assert violation in (pytest.approx(1 - 24 / 200), pytest.approx(1 - 25 / 200))  # its earliest seed's
+    assert tuple(survived.system_attrs["constraints"]) == (0.0,)
