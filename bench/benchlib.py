@@ -149,6 +149,13 @@ def search_argv(args: argparse.Namespace) -> list[str]:
             "--report-every", str(args.report_every), "--seed", str(args.seed), *space]
 
 
+def model_spec(spec: str) -> str:
+    """``--model`` for a launch run in another folder: a ``path/to/file.py:Name`` made absolute, any
+    other spec (a built-in name, ``package.module:Name``) as it is."""
+    path, colon, name = spec.rpartition(":")
+    return f"{os.path.abspath(path)}:{name}" if colon and os.path.isfile(path) else spec
+
+
 def write_json(path: str | None, doc: Mapping[str, Any]) -> None:
     """Write ``doc`` to ``path`` (a part's result for the script that started it)."""
     if path:

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import optuna
-from benchlib import median, print_header, python_locked, table
+from benchlib import median, model_spec, print_header, python_locked, table
 
 from tuner.driver.pruning import BehindBestPruner, make_pruner, prune_start
 
@@ -219,8 +219,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def use_model(args: argparse.Namespace) -> None:
     global MODEL, SPACE
-    path, colon, name = args.model.rpartition(":")
-    MODEL = f"{os.path.abspath(path)}:{name}" if colon and os.path.isfile(path) else args.model
+    MODEL = model_spec(args.model)
     SPACE = os.path.abspath(args.space) if args.space else ""
 
 

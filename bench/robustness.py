@@ -50,7 +50,7 @@ import time
 from typing import Any
 
 import optuna
-from benchlib import median, print_header, python_locked, table, write_json
+from benchlib import median, model_spec, print_header, python_locked, table, write_json
 
 BUDGETS = {"small": (8, 300), "default": (30, 600)}  # name -> (trials, steps)
 SMOKE = (3, 60)
@@ -260,9 +260,7 @@ def main() -> None:
             summarise(budget, [r for r in rows if r["budget"] == budget])
         return
     if args.model:  # launches run in temporary folders: a model file and the space by absolute path
-        path, colon, name = args.model.rpartition(":")
-        spec = f"{os.path.abspath(path)}:{name}" if colon and os.path.isfile(path) else args.model
-        VERIFY_MODEL.extend(["--model", spec])
+        VERIFY_MODEL.extend(["--model", model_spec(args.model)])
         MODEL.extend(VERIFY_MODEL)
     if args.space:
         MODEL.extend(["--space", os.path.abspath(args.space)])

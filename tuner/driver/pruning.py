@@ -129,12 +129,12 @@ class FirstSeedPruner(BehindBestPruner):
         still ended within ``val_factor`` x the best validation loss: then a loss this far behind at this
         step is no sign of a worse trial here (a model that learns in a jump, at a step that varies),
         and the training-loss rule stops nothing at this step."""
-        complete = [t for t in trials if t.state is optuna.trial.TrialState.COMPLETE and t.value is not None]
-        if not complete:
+        ended = [(float(t.value), t.intermediate_values.get(step)) for t in trials
+                 if t.state is optuna.trial.TrialState.COMPLETE and t.value is not None]
+        if not ended:
             return False
-        near_best = self.val_factor * min(float(t.value) for t in complete if t.value is not None)
-        return any(float(t.value) <= near_best and (v := t.intermediate_values.get(step)) is not None
-                   and math.isfinite(v) and v > bar for t in complete if t.value is not None)
+        near_best = self.val_factor * min(value for value, _ in ended)
+        return any(value <= near_best and at is not None and math.isfinite(at) and at > bar for value, at in ended)
 
 
 @dataclass(frozen=True)
