@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import terminal_sigint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,3 +76,41 @@ def test_a_stop_signal_raises_stopped_and_a_second_during_the_cleanup_ends_at_on
     assert done.returncode == 129  # 128 + SIGHUP, at once
     assert done.stderr.startswith("tuner: SIGHUP during the cleanup: stopped at once;"), done.stderr
     assert "Traceback" not in done.stderr
+
+
+HUNG = textwrap.dedent("""
+    import contextlib, io, os, signal, sys, threading
+    from tuner.driver import signals
+
+    if sys.argv[1] == "cli":
+        from tuner import cli
+        cli.STOP_LIMIT_S = 1.0
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+            cli.main(["--help"])  # what the command line sets up before it parses
+    signals.noted()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        threading.Event().wait(5)
+    except signals.Stopped:
+        with signals.cleaning():
+            def shutting_down_a_cluster_that_hangs():
+                threading.Event().wait(3)
+            shutting_down_a_cluster_that_hangs()
+            print("cleanup ran to its end", flush=True)
+""")
+
+
+@pytest.mark.parametrize("caller", ["cli", "api"])
+def test_a_cleanup_that_hangs_ends_the_command_line_within_its_bound_and_never_a_notebook(caller: str) -> None:
+    """The command line bounds the time from a stop signal to its exit (tuner.cli.STOP_LIMIT_S) and says
+    where the cleanup hung; the Python API's caller (a notebook's kernel) is never ended by tuner."""
+    done = subprocess.run([sys.executable, "-c", HUNG, caller], capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    if caller == "api":
+        assert (done.returncode, done.stdout, done.stderr) == (0, "cleanup ran to its end\n", "")
+        return
+    assert done.returncode == 143 and done.stdout == "", done.stderr
+    assert "shutting_down_a_cluster_that_hangs" in done.stderr  # the main thread's stack: where it hung
+    lines = done.stderr.splitlines()
+    assert lines[-1].startswith("tuner: SIGTERM: the cleanup did not end within 1 s: stopped at once;"), lines
+    assert [line for line in lines if line.startswith("tuner:")] == lines[-1:]

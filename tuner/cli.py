@@ -122,6 +122,7 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"tuner: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
+STOP_LIMIT_S = 30.0  # a stop's cleanup ends within 10 s (test_fault_signals.py), or the process ends at once
 MAX_MESSAGE = 600  # characters of a printed message: a YAML alias bomb's parser error was 392 KB
 
 
@@ -153,8 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     Every password of a storage or tracking URL is masked in whatever is printed (tuner.masking).
     """
     from tuner.config import environment_secrets
+    from tuner.driver import signals
 
     masking.install()
+    signals.exit_within(STOP_LIMIT_S)  # a stop signal ends the process even where the cleanup hangs
     environ.quiet_mlflow()  # no MLflow log lines: tuner says what failed
     masking.register_secrets(*environment_secrets())  # PGPASSWORD, MLFLOW_TRACKING_PASSWORD, $TUNER_STORAGE's, ...
     args = parser().parse_args(argv)

@@ -24,11 +24,18 @@ Three things stand in the way, each handled here:
 A second signal while the cleanup runs (:func:`cleaning`) ends the process at once with one line:
 what the cleanup had done by then stays done, and a trial it had not reached yet is failed and
 queued again by the next launch once its heartbeat is older than ``--grace-period``.
+
+The command line (never the Python API: a notebook's kernel is not ended) also bounds the time from
+the first signal to the end of the process (:func:`exit_within`): a cleanup or an interpreter exit
+that hangs (a cluster that does not shut down) cannot keep a closed terminal's launch, or a stopped
+container, alive; the process ends as after a second signal, with the threads' stacks on standard
+error to say where it hung.
 """
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -43,6 +50,8 @@ _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SI
 _noted: int | None = None  # the signal that came while no Stopped was seen to leave a poll since
 _installed = False  # tuner's handlers are in place (between noted() and its restore)
 _cleaning = False  # the launch is cleaning up: another signal ends the process at once
+_limit_s: float | None = None  # exit_within's bound on the time from a stop signal to the end of the process
+_deadline: threading.Timer | None = None  # armed by the first stop signal when _limit_s is set
 
 
 class Stopped(KeyboardInterrupt):
@@ -92,8 +101,38 @@ def _handler(signum: int, frame: FrameType | None) -> None:
         _at_once(signum)
     if signum == signal.SIGHUP:
         _leave_hung_up_terminal()
+    _arm_deadline(signum)
     _noted = signum
     raise Stopped(signum)
+
+
+def exit_within(seconds: float) -> None:
+    """After the first stop signal, the process ends within ``seconds`` even if its cleanup hangs (the
+    command line's choice: a process that is not the user's own, such as a notebook's, is never ended)."""
+    global _limit_s
+    _limit_s = seconds
+
+
+def _arm_deadline(signum: int) -> None:
+    global _deadline
+    if _limit_s is None or _deadline is not None:
+        return
+    _deadline = threading.Timer(_limit_s, _overdue, args=(signum, _limit_s))
+    _deadline.daemon = True
+    _deadline.name = "tuner-stop-deadline"
+    _deadline.start()
+
+
+def _overdue(signum: int, limit_s: float) -> None:
+    """The cleanup after ``signum`` has not ended within ``limit_s``: where each thread is, one line, exit."""
+    name = _NAMES.get(signal.Signals(signum), signal.Signals(signum).name)
+    with contextlib.suppress(OSError, ValueError):
+        os.write(2, f"the cleanup after {name} hung; where each thread was:\n".encode())
+        faulthandler.dump_traceback(file=2, all_threads=True)
+    with contextlib.suppress(OSError):
+        os.write(2, f"tuner: {name}: the cleanup did not end within {limit_s:g} s: stopped at once; a trial not "
+                    "yet failed is failed and queued again by the next launch after --grace-period\n".encode())
+    os._exit(128 + signum)
 
 
 def _at_once(signum: int) -> None:
