@@ -103,7 +103,7 @@ def test_graphs_build_every_run_afresh_when_op_attrs_cannot_be_set(
     model = Planted()
     config = TrainConfig(1e-2, knobs={k: v.default for k, v in model.knobs.items()})
     assert hooks.can_set_attrs()
-    monkeypatch.setattr(hooks, "SET_ATTR", "_set_attr_renamed")  # as if a TensorFlow release renamed it
+    monkeypatch.setattr(hooks.graph, "SET_ATTR", "_set_attr_renamed")  # as if a TensorFlow release renamed it
     graphs = Graphs(size=2)
     with caplog.at_level(logging.DEBUG, logger="tuner.hooks"):
         assert [graphs.get(model, config, seed)[1] for seed in (0, 1)] == [False, False]
@@ -271,7 +271,7 @@ def test_record_heartbeats_beats_every_trial_in_one_call_and_one_by_one_without_
 
     batched = failure is None
     if not batched:
-        monkeypatch.setattr(hooks, "_beat_rows", broken)
+        monkeypatch.setattr(hooks.trials, "_beat_rows", broken)
     caplog.set_level(logging.DEBUG, logger="tuner.hooks")
     path = tmp_path / "o.db"
     storage = optuna.storages.RDBStorage(f"sqlite:///{path}", heartbeat_interval=1, grace_period=1)
@@ -404,7 +404,7 @@ def test_windowed_tpe_reads_the_best_the_recent_and_the_running_trials_past_its_
 def test_windowed_tpe_reads_every_trial_without_optunas_split(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(hooks, "_windowed_tpe", [])  # the class made below is not kept
+    monkeypatch.setattr(hooks.tpe, "_windowed_tpe", [])  # the class made below is not kept
     with caplog.at_level(logging.DEBUG, logger="tuner.hooks"), monkeypatch.context() as gone:
         gone.delattr("optuna.samplers._tpe.sampler._split_trials")  # (TPE itself needs it back below)
         sampler = hooks.windowed_tpe(window=10, seed=0)

@@ -1,0 +1,256 @@
+"""Optuna's cache and RDB internals (see :mod:`tuner.hooks`): the driver storage, which keeps the
+trials a driver runs in memory."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import optuna
+    from optuna.storages import BaseStorage, RDBStorage
+
+log = logging.getLogger(__name__)
+
+
+RESYNC_S = 30.0  # seconds between two full reads of a driver's running trials (:func:`driver_storage`)
+_driver_storage: list[type] = []  # the DriverStorage class, made once Optuna is imported
+
+
+def driver_storage(backend: RDBStorage, resync: float = RESYNC_S) -> BaseStorage:
+    """Optuna's cache over ``backend`` (``_CachedStorage``), keeping the running trials this storage
+    created (or started from WAITING) in memory, for the one driver that writes them.
+
+    Optuna's cache reads every unfinished trial back from the database at each ``get_all_trials``,
+    and TPE with the constant liar calls it several times per ask (uncached, to see the trials in
+    flight): an ask costs O(trials in flight) queries' worth of rows (``bench/ask_cost.py``). Here a
+    trial of this driver is written through to the database and its copy in memory is updated by the
+    same call, so a read fetches only the other drivers' unfinished trials and the trials created
+    since the last read (its own included, once). Every ``resync`` seconds a read is a full one, as
+    Optuna's (this driver's trials too: it repairs any drift, such as a trial another launch failed
+    as stale). A trial this driver creates is read back once, by the next read. A state this storage
+    writes is read back from the database (one trial). A parameter whose distribution the study
+    holds already is checked at once and written with the trial's others in one transaction
+    (:func:`flush_params`, or the storage's next read or write). Batched and deleted intermediate
+    values (:func:`insert_intermediate_values`, :func:`delete_intermediate_values_from`) update the
+    copies too.
+
+    Fails open: when Optuna's cache or its RDB internals are not where this looks
+    (``optuna.storages._cached_storage``, ``RDBStorage._get_trials``), ``backend`` is returned, which
+    Optuna wraps in its own cache: the same trials, each ask reading every trial in flight.
+    """
+    try:
+        cls = _driver_storage_class()
+        for name in ("_get_trials", "_create_new_trial", "_set_trial_param_without_commit"):
+            if not callable(getattr(backend, name, None)):
+                raise AttributeError(f"RDBStorage has no {name}")
+    except (ImportError, AttributeError) as exc:
+        log.debug("Optuna's own cache serves the driver's trials (each ask reads every trial in flight): %s", exc)
+        return backend
+    storage: BaseStorage = cls(backend, resync)
+    return storage
+
+
+def flush_params(study: optuna.Study) -> None:
+    """Write the parameters a :func:`driver_storage` holds for ``study``'s trials (it writes a trial's
+    parameters in one transaction, at its next read or write, or here: after a trial's suggestions).
+    Does nothing on another storage."""
+    flush = getattr(getattr(study, "_storage", None), "flush_params", None)
+    if flush is not None:
+        flush()
+
+
+def _driver_storage_class() -> type:
+    """``DriverStorage``, a ``_CachedStorage`` that keeps its own running trials (see :func:`driver_storage`)."""
+    if _driver_storage:
+        return _driver_storage[0]
+    import time
+
+    import optuna
+    from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    running = optuna.trial.TrialState.RUNNING
+    from optuna.trial import FrozenTrial
+
+    class DriverStorage(_CachedStorage):
+        def __init__(self, backend: RDBStorage, resync: float) -> None:
+            super().__init__(backend)
+            self._own: set[int] = set()  # ids of this driver's running trials: their copies here are current
+            self._seen: dict[int, int] = {}  # study id -> the largest trial id read
+            self._resync = resync
+            self._synced: dict[int, float] = {}  # study id -> time.monotonic() of its last full read
+            # trial id -> parameters not written yet: (name, internal value, distribution, the study's)
+            self._params: dict[int, list[tuple[str, float, Any, Any]]] = {}
+
+        def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+            trial_id: int = super().create_new_trial(study_id, template_trial)
+            with self._lock:  # read back once, by the next read (others' trials may have smaller ids)
+                study = self._studies[study_id]
+                state = study.trials[self._trial_id_to_study_id_and_number[trial_id][1]].state
+                if state == running:
+                    self._own.add(trial_id)
+                elif not state.is_finished():  # an enqueued trial (WAITING): any driver may start it
+                    study.unfinished_trial_ids.add(trial_id)
+            return trial_id
+
+        def _read_trials_from_remote_storage(self, study_id: int) -> None:
+            now = time.monotonic()
+            full = now - self._synced.get(study_id, -float("inf")) >= self._resync
+            if full:
+                self.flush_params()  # a full read replaces this driver's copies with the database's
+            with self._lock:
+                study = self._studies.setdefault(study_id, _StudyInfo())
+                if full:
+                    self._synced[study_id] = now
+                    own = {tid for tid in self._own if self._trial_id_to_study_id_and_number[tid][0] == study_id}
+                    included, after = study.unfinished_trial_ids | own, study.last_finished_trial_id
+                else:  # others' unfinished trials, and those created since
+                    included, after = set(study.unfinished_trial_ids), self._seen.get(study_id, -1)
+                trials = self._backend._get_trials(study_id, states=None, included_trial_ids=included,
+                                                   trial_id_greater_than=after)
+                self._add_trials_to_cache(study_id, trials)
+                for trial in trials:
+                    self._classify(study_id, study, trial)
+
+        def _classify(self, study_id: int, study: _StudyInfo, trial: FrozenTrial) -> None:
+            """Book ``trial``, just put in the cache: finished, this driver's, or to read again."""
+            tid = trial._trial_id
+            self._seen[study_id] = max(self._seen.get(study_id, -1), tid)
+            if trial.state.is_finished():
+                self._own.discard(tid)
+                study.unfinished_trial_ids.discard(tid)
+                study.last_finished_trial_id = max(study.last_finished_trial_id, tid)
+            elif tid not in self._own:
+                study.unfinished_trial_ids.add(tid)
+
+        def _reread(self, trial_id: int, started: bool = False) -> None:
+            """Read trial ``trial_id`` back after this storage changed its state (or failed to)."""
+            trial = self._backend.get_trial(trial_id)
+            with self._lock:
+                if trial_id not in self._trial_id_to_study_id_and_number:
+                    return  # never read here: the next read brings it
+                study_id = self._trial_id_to_study_id_and_number[trial_id][0]
+                study = self._studies[study_id]
+                self._add_trials_to_cache(study_id, [trial])
+                if started and trial.state == running:
+                    self._own.add(trial_id)
+                    study.unfinished_trial_ids.discard(trial_id)
+                self._classify(study_id, study, trial)
+
+        def flush_params(self) -> None:
+            """Write the parameters :meth:`set_trial_param` holds, all trials' in one transaction (a
+            trial finished meanwhile, failed as stale by another launch, is read back instead)."""
+            with self._lock:
+                held, self._params = self._params, {}
+            if not held:
+                return
+
+            def write(session: Any, trial_id: int) -> None:
+                for name, value, distribution, known in held[trial_id]:
+                    self._backend._set_trial_param_without_commit(session, trial_id, name, value, distribution,
+                                                                  known)
+
+            try:
+                with _create_scoped_session(self._backend.scoped_session, True) as session:
+                    for trial_id in held:
+                        write(session, trial_id)
+            except optuna.exceptions.UpdateFinishedTrialError:  # one trial failed by another launch
+                for trial_id in held:
+                    try:
+                        with _create_scoped_session(self._backend.scoped_session, True) as session:
+                            write(session, trial_id)
+                    except optuna.exceptions.UpdateFinishedTrialError:
+                        self._reread(trial_id)
+
+        def _through(self, trial_id: int, write: Callable[[], Any]) -> Any:
+            """``write()`` to the database, after the parameters held; where the trial has finished
+            already (another launch failed it as stale), read it back, then raise as the database did."""
+            self.flush_params()
+            try:
+                return write()
+            except optuna.exceptions.UpdateFinishedTrialError:
+                self._reread(trial_id)
+                raise
+
+        def _change(self, trial_id: int, change: Callable[[FrozenTrial], None]) -> None:
+            """Apply ``change`` to a copy of this driver's running trial ``trial_id`` (copy on write:
+            a list a sampler holds keeps the trials it was given)."""
+            with self._lock:
+                if trial_id not in self._own:
+                    return
+                study_id, number = self._trial_id_to_study_id_and_number[trial_id]
+                trial = copy.copy(self._studies[study_id].trials[number])
+                change(trial)
+                self._studies[study_id].trials[number] = trial
+
+        def get_trial(self, trial_id: int) -> FrozenTrial:
+            with self._lock:
+                if trial_id in self._own:
+                    study_id, number = self._trial_id_to_study_id_and_number[trial_id]
+                    return copy.deepcopy(self._studies[study_id].trials[number])
+            trial: FrozenTrial = super().get_trial(trial_id)
+            return trial
+
+        def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
+                            distribution: optuna.distributions.BaseDistribution) -> None:
+            with self._lock:
+                known = None
+                if trial_id in self._own:  # a distribution this study holds already: checked here, written later
+                    known = self._studies[self._trial_id_to_study_id_and_number[trial_id][0]].param_distribution.get(
+                        param_name)
+            if known is not None:
+                optuna.distributions.check_distribution_compatibility(known, distribution)
+                with self._lock:
+                    self._params.setdefault(trial_id, []).append(
+                        (param_name, param_value_internal, distribution, known))
+            else:
+                self._through(trial_id, lambda: super(DriverStorage, self).set_trial_param(
+                    trial_id, param_name, param_value_internal, distribution))
+            value = distribution.to_external_repr(param_value_internal)
+
+            def change(t: FrozenTrial) -> None:
+                t.params = {**t.params, param_name: value}
+                t.distributions = {**t.distributions, param_name: distribution}
+
+            self._change(trial_id, change)
+
+        def set_trial_state_values(self, trial_id: int, state: optuna.trial.TrialState,
+                                   values: Sequence[float] | None = None) -> bool:
+            changed: bool = self._through(
+                trial_id, lambda: super(DriverStorage, self).set_trial_state_values(trial_id, state, values))
+            if changed:
+                self._reread(trial_id, started=state == running)
+            return changed
+
+        def set_trial_intermediate_value(self, trial_id: int, step: int, intermediate_value: float) -> None:
+            self._through(trial_id, lambda: super(DriverStorage, self).set_trial_intermediate_value(
+                trial_id, step, intermediate_value))
+            self.held_values(trial_id, {step: intermediate_value}, replace=True)
+
+        def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+            self._through(trial_id, lambda: super(DriverStorage, self).set_trial_user_attr(trial_id, key, value))
+            self._change(trial_id, lambda t: setattr(t, "user_attrs", {**t.user_attrs, key: value}))
+
+        def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+            self._through(trial_id, lambda: super(DriverStorage, self).set_trial_system_attr(trial_id, key, value))
+            self._change(trial_id, lambda t: setattr(t, "system_attrs", {**t.system_attrs, key: value}))
+
+        def held_values(self, trial_id: int, values: Mapping[int, float], replace: bool = False) -> None:
+            """Intermediate values written to the database without this storage: a step held already
+            keeps its value unless ``replace``."""
+            def change(t: FrozenTrial) -> None:
+                held = t.intermediate_values
+                t.intermediate_values = {**held, **{s: v for s, v in values.items() if replace or s not in held}}
+
+            self._change(trial_id, change)
+
+        def dropped_values_from(self, trial_id: int, step: int) -> None:
+            """Intermediate values from ``step`` on were deleted from the database without this storage."""
+            self._change(trial_id, lambda t: setattr(
+                t, "intermediate_values", {s: v for s, v in t.intermediate_values.items() if s < step}))
+
+    _driver_storage.append(DriverStorage)
+    return DriverStorage
