@@ -48,6 +48,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
 
 _noted: int | None = None  # the signal that came while no Stopped was seen to leave a poll since
+_last: int | None = None  # the last signal tuner's handler took (Ray turns its Stopped into a plain KeyboardInterrupt)
 _installed = False  # tuner's handlers are in place (between noted() and its restore)
 _cleaning = False  # the launch is cleaning up: another signal ends the process at once
 _limit_s: float | None = None  # exit_within's bound on the time from a stop signal to the end of the process
@@ -88,21 +89,25 @@ def is_stop(exc: BaseException) -> bool:
 
 
 def stopped(exc: BaseException) -> Stopped:
-    """``exc`` (a stop signal: :func:`is_stop`) as a :class:`Stopped`; a plain KeyboardInterrupt (Python's
-    own handler) is Ctrl-C."""
+    """``exc`` (a stop signal: :func:`is_stop`) as a :class:`Stopped`. A plain KeyboardInterrupt is the
+    signal tuner's handler took last: Ray's waits (``ray.wait``, ``ray.get``) run the handler inside
+    their own signal check and raise a new, plain KeyboardInterrupt in place of its :class:`Stopped`
+    (a SIGHUP then read as Ctrl-C: exit 130, not 129); with none taken (Python's own handler), Ctrl-C."""
     if isinstance(exc, Stopped):
         return exc
-    return Stopped(signal.SIGTERM if isinstance(exc, SystemExit) else signal.SIGINT)
+    if isinstance(exc, SystemExit):
+        return Stopped(signal.SIGTERM)
+    return Stopped(_last if _last is not None else signal.SIGINT)
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
-    global _noted
+    global _noted, _last
     if _cleaning:
         _at_once(signum)
     if signum == signal.SIGHUP:
         _leave_hung_up_terminal()
     _arm_deadline(signum)
-    _noted = signum
+    _noted = _last = signum
     raise Stopped(signum)
 
 
@@ -165,8 +170,8 @@ def _install() -> None:
 def noted() -> Callable[[], None]:
     """Install the stop handlers (main thread only; elsewhere nothing); return what restores the
     handlers before them."""
-    global _noted, _installed
-    _noted = None
+    global _noted, _installed, _last
+    _noted = _last = None
     if threading.current_thread() is not threading.main_thread() or _installed:
         return lambda: None
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
@@ -181,7 +186,7 @@ def noted() -> Callable[[], None]:
     sys.unraisablehook = quiet
 
     def restore() -> None:
-        global _noted, _installed, _cleaning
+        global _noted, _installed, _cleaning  # _last stays: the caller may name the stop after this
         _noted, _installed, _cleaning = None, False, False
         for signum, handler in previous.items():
             if signal.getsignal(signum) is _handler:
