@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import FIXTURES, ROOT, run_tuner
 from tuner.models import BUILTIN, Knob, load_model
-from tuner.worker.checkmodel import alternatives, run_check
+from tuner.worker.checkmodel import run_check
 
 BAD = FIXTURES / "bad_models"
 EXAMPLE = "examples/my_iterated_model.py:MyIteratedModel"
@@ -109,12 +109,12 @@ def test_check_model_cli_reports_a_user_error_without_traceback(tmp_path: Path) 
 
 
 def test_alternatives_are_other_valid_values() -> None:
-    assert alternatives(Knob("bool", False)) == [True]
-    assert alternatives(Knob("categorical", "b", choices=("a", "b", "c"))) == ["a", "c"]
-    assert alternatives(Knob("int", 4, 1, 16)) == [16, 1]
-    assert alternatives(Knob("int", 16, 1, 16)) == [1]
-    assert alternatives(Knob("float", None, 1e-8, 1e-2, nullable=True)) == [1e-2, 1e-8]
-    assert alternatives(Knob("float", 0.5, 0.0, 1.0, nullable=True)) == [1.0, 0.0, None]
+    assert Knob("bool", False).alternatives() == [True]
+    assert Knob("categorical", "b", choices=("a", "b", "c")).alternatives() == ["a", "c"]
+    assert Knob("int", 4, 1, 16).alternatives() == [16, 1]
+    assert Knob("int", 16, 1, 16).alternatives() == [1]
+    assert Knob("float", None, 1e-8, 1e-2, nullable=True).alternatives() == [1e-2, 1e-8]
+    assert Knob("float", 0.5, 0.0, 1.0, nullable=True).alternatives() == [1.0, 0.0, None]
 
 
 @pytest.mark.tf

@@ -17,10 +17,11 @@ from rich.console import Console
 
 from tests.conftest import FINISHED, FIXTURES, NO_VERIFY, PLANTED, run_tuner
 from tuner.driver import studyrecord
+from tuner.driver.counts import Counts
 from tuner.driver.evidence import Choice, Margin, Verification
 from tuner.driver.plots import kaplan_meier, other_knob, seed_runs, stability_map, write_plots
 from tuner.driver.report import margin_line, run_report, study_rows
-from tuner.driver.trialrecord import Counts, SeedResult, SeedStatus, TrialRecord, varying
+from tuner.driver.trialrecord import SeedResult, SeedStatus, TrialRecord, varying
 from tuner.driver.views import trials_table
 from tuner.errors import ConfigError
 from tuner.records import TrialState

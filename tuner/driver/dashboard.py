@@ -19,7 +19,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tuner.driver.trialrecord import ATTR, Counts, TrialRecord, study_records
+from tuner.driver.counts import Counts
+from tuner.driver.trialrecord import ATTR, TrialRecord, study_records
 from tuner.driver.views import best_yaml, seeds_text, status_text, steps_text
 from tuner.hooks import save_trial_note
 from tuner.records import RunRecord, TrialOutcome, TrialState

@@ -405,8 +405,9 @@ def _say(text: str) -> None:
 
 
 def _study_summary(study: optuna.Study) -> dict[str, float]:
-    """The launch run's closing metrics: the study's counts (``tuner.driver.trialrecord.Counts``)."""
-    from tuner.driver.trialrecord import Counts, study_records
+    """The launch run's closing metrics: the study's counts (``tuner.driver.counts.Counts``)."""
+    from tuner.driver.counts import Counts
+    from tuner.driver.trialrecord import study_records
 
     counts = Counts.of(study_records(study))
     return {

@@ -7,7 +7,7 @@
   circle per trial the pruner stopped (it neither survived its budget on every seed nor diverged).
   A config verified on fresh seeds is labelled with its verified survival (``16/16``); the
   incumbent (the exported trial: ``tuner.driver.trialrecord.incumbent``) is a star. The title gives the
-  counts (``tuner.driver.trialrecord.Counts``).
+  counts (``tuner.driver.counts.Counts``).
 - **Survival curves**: the fraction of seed runs still finite at each step (Kaplan-Meier: a seed
   cancelled because a sibling diverged or the pruner stopped it counts as finite up to its
   cancellation, not after, and is marked ``|`` there; a stopped trial's seeds count as far as they
@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tuner import atomic
-from tuner.driver.trialrecord import Counts, SeedStatus, TrialRecord, varying
+from tuner.driver.counts import Counts
+from tuner.driver.trialrecord import SeedStatus, TrialRecord, varying
 from tuner.errors import OutputError
 from tuner.names import file_safe
 from tuner.records import TrialState

@@ -26,7 +26,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from tuner.driver import trialrecord, views
+from tuner.driver import views
+from tuner.driver.counts import Counts
 from tuner.driver.eta import Eta, Work
 from tuner.driver.trialrecord import TrialRecord
 from tuner.records import Phase, RunRecord, RunStatus, TrainConfig, TrialOutcome
@@ -176,7 +177,7 @@ class ProgressView:
         if not self.total:
             return self._render_runs()
         done = list(self.done)
-        counts = trialrecord.Counts.of(done)  # the one definition every view uses
+        counts = Counts.of(done)  # the one definition every view uses
         table = Table(title=f"tuner: {counts.finished}/{self.total} trials finished, {self.clock()}", show_header=False)
         table.add_row("survived", str(counts.survived))
         table.add_row("diverged", str(counts.diverged))

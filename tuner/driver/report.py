@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 from tuner import environ
 from tuner.config import redact, storage_url
 from tuner.driver import mlflow_runs, studyrecord, trialrecord
+from tuner.driver.counts import Counts
 from tuner.driver.evidence import MARGIN_FACTORS, Margin
 from tuner.driver.plots import write_plots
 from tuner.driver.progress import output_console
 from tuner.driver.targets import check_sqlite_intact
-from tuner.driver.trialrecord import Counts, TrialRecord, varying
+from tuner.driver.trialrecord import TrialRecord, varying
 from tuner.driver.views import trials_table
 from tuner.errors import ConfigError, OutputError, TrackingError
 from tuner.names import study_name_problem

@@ -2,7 +2,7 @@
 
 The table is read back from the study (``tuner.driver.trialrecord.study_records``), so it marks the
 incumbent (the exported trial, ``*``) and gives every other trial's reason, as ``tuner report`` does;
-the counts are ``tuner.driver.trialrecord.Counts``. The last lines are the commands, and the URLs,
+the counts are ``tuner.driver.counts.Counts``. The last lines are the commands, and the URLs,
 that open the exported trial in the MLflow UI (only when the launch tracked) and optuna-dashboard,
 with passwords masked.
 """
@@ -30,7 +30,8 @@ def print_summary(console: Console, study: optuna.Study, numbers: set[int], keys
     """The trials table of this launch's trials (read back from the study: with their verification,
     the incumbent's ``*`` and every other trial's reason), then the study's counts (a continued study's
     include its earlier launches' trials, and say so)."""
-    from tuner.driver.trialrecord import Counts, study_records
+    from tuner.driver.counts import Counts
+    from tuner.driver.trialrecord import study_records
     from tuner.driver.views import trials_table
 
     records = study_records(study)

@@ -127,6 +127,24 @@ class Knob:
             text = "true or false"
         return text + (" or null" if self.nullable else "")
 
+    def alternatives(self) -> list[object]:
+        """Valid values other than the default (bounds, choices, null), to see whether the knob changes
+        anything (``tuner check-model``)."""
+        if self.kind == "bool":
+            values: list[object] = [not self.default]
+        elif self.kind == "categorical":
+            values = list(self.choices)
+        else:
+            bounds = [b for b in (self.high, self.low) if b is not None]  # a number knob has both
+            values = [int(b) if self.kind == "int" else float(b) for b in bounds]
+        if self.nullable:
+            values.append(None)
+        unique: list[object] = []
+        for value in values:
+            if value != self.default and value not in unique and self.problem(value) is None:
+                unique.append(value)
+        return unique
+
 
 UPDATES = ("simultaneous", "alternating")  # how the updates of several losses are ordered in a step
 _LOSS_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")

@@ -46,7 +46,7 @@ from tuner.config import CheckModelOptions, load_options
 from tuner.environ import prepare_process
 from tuner.errors import ModelError
 from tuner.knobs import TUNER_KNOBS
-from tuner.models import Dataset, Knob, Model, ModelGraph, load_model, user_code_error
+from tuner.models import Dataset, Model, ModelGraph, load_model, user_code_error
 from tuner.preflight import check_data
 from tuner.records import RunSpec, RunStatus, TrainConfig
 from tuner.worker.actor import import_tensorflow
@@ -309,7 +309,7 @@ class Probe:
 
     def knob_check(self, name: str) -> Check:
         """Some other valid value of knob ``name`` changes the graph, the data or the loss at init."""
-        tried = alternatives(self.model.knobs[name])
+        tried = self.model.knobs[name].alternatives()
         try:
             for context, note in self._contexts(name):
                 for value in tried:
@@ -376,7 +376,7 @@ class Probe:
         yield dict(self.defaults), ""
         for other, knob in self.model.knobs.items():
             if other != name:
-                for value in alternatives(knob):
+                for value in knob.alternatives():
                     yield {**self.defaults, other: value}, f" (when {other}={value!r})"
 
     def _build(self, knobs: Mapping[str, object]) -> _Built:
@@ -423,24 +423,6 @@ class Probe:
             return fn(*args)
         except Exception as exc:
             raise user_code_error(self.spec, doing, exc) from None
-
-
-def alternatives(knob: Knob) -> list[object]:
-    """Valid values of ``knob`` other than its default, to see whether it changes anything."""
-    if knob.kind == "bool":
-        values: list[object] = [not knob.default]
-    elif knob.kind == "categorical":
-        values = list(knob.choices)
-    else:
-        bounds = [b for b in (knob.high, knob.low) if b is not None]  # a number knob has both
-        values = [int(b) if knob.kind == "int" else float(b) for b in bounds]
-    if knob.nullable:
-        values.append(None)
-    unique: list[object] = []
-    for value in values:
-        if value != knob.default and value not in unique and knob.problem(value) is None:
-            unique.append(value)
-    return unique
 
 
 def _graph_problem(built: _Built, arrays: int) -> str | None:
