@@ -6,7 +6,7 @@ While :func:`noted` holds, each of them raises :class:`Stopped` (a KeyboardInter
 in flight FAIL and are queued again, their MLflow runs and the launch run are closed (KILLED), one
 ``tuner:`` line says what was kept, and the exit status is 128 + the signal (130, 143, 129).
 
-Three things stand in the way, each handled here:
+Four things stand in the way, each handled here:
 
 - Python runs a signal handler between two bytecodes of the main thread, and that can be inside a
   weakref callback or a ``__del__`` (SQLAlchemy's, which Optuna's and MLflow's stores run often in
@@ -20,6 +20,9 @@ Three things stand in the way, each handled here:
   restarted embedded cluster too); installing it replaces the C++ one.
 - After SIGHUP the terminal may be gone: writing to it fails (EIO). The descriptors of a hung-up
   terminal are pointed at ``/dev/null``, so the cleanup runs to its end.
+- Ray's waits (``ray.wait``, ``ray.get``) run the handler inside their own signal check, catch its
+  :class:`Stopped` and raise a new, plain KeyboardInterrupt: :func:`stopped` names it by the signal
+  the handler took last, so a SIGHUP there still exits 129, not Ctrl-C's 130.
 
 A second signal while the cleanup runs (:func:`cleaning`) ends the process at once with one line:
 what the cleanup had done by then stays done, and a trial it had not reached yet is failed and
