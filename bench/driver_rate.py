@@ -129,6 +129,8 @@ class SimExecutor:
     batches: list[tuple[float, int]] = field(default_factory=list)  # (seconds into the window, records handled)
     started: float | None = None
     cpu_started: float = 0.0
+    writer: Any = None  # the MLflow client process (tuner.driver.mlflow_process), whose CPU is counted too
+    writer_cpu_started: float = 0.0
     _seq: int = 0
     _oldest: float | None = None
     _batch: int = 0
@@ -188,6 +190,7 @@ class SimExecutor:
         now = time.perf_counter()
         if self.started is None:  # the window starts once the search has filled the slots
             self.started, self.cpu_started = now, time.process_time()
+            self.writer_cpu_started = self.writer.cpu_seconds() if self.writer else 0.0
             self.heap = [(due + now, seq, key) for due, seq, key in self.heap]
             heapq.heapify(self.heap)
         if self._oldest is not None:
@@ -270,7 +273,9 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
     import optuna
 
     from tuner.driver import studyrecord
+    from tuner.driver.launch import PROCESS_SLOTS
     from tuner.driver.liveness import Liveness
+    from tuner.driver.mlflow_process import ClientProcess
     from tuner.driver.progress import ProgressView
     from tuner.driver.pruning import make_pruner, prune_end, prune_start
     from tuner.driver.search import Budget, make_sampler
@@ -291,8 +296,10 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
                                     sampler=make_sampler("tpe", 0, len(space.searched())),
                                     pruner=make_pruner(args.pruner, args.steps))
         liveness.attach(study)
-        tracker = Tracker(uri, name, {"model": MODEL, "bench": "driver_rate"}, driver=liveness.driver)
-        executor = SimExecutor(args.slots, rate, args.metrics, window=args.window)
+        process = args.mlflow_process == "on" or (args.mlflow_process == "auto" and args.slots >= PROCESS_SLOTS)
+        writer = ClientProcess(uri) if process else None  # as a launch on a cluster of this many slots
+        tracker = Tracker(uri, name, {"model": MODEL, "bench": "driver_rate"}, writer, driver=liveness.driver)
+        executor = SimExecutor(args.slots, rate, args.metrics, window=args.window, writer=writer)
         budget = Budget(10**6, args.steps, 2, args.report_every, race_seeds=args.race_seeds,
                         prune_from=prune_start(args.pruner, args.steps), prune_to=prune_end(study.pruner))
         backlog: list[tuple[float, int]] = []
@@ -303,6 +310,7 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
             with contextlib.suppress(WindowOver):
                 search.run()
             cpu = time.process_time() - executor.cpu_started  # the driver process over the window
+            writer_cpu = writer.cpu_seconds() - executor.writer_cpu_started if writer else 0.0
             watch()
             stop = time.perf_counter()
             tracker.flush()  # the window's last writes, before the verification queues its own
@@ -327,6 +335,7 @@ def measure(rate: float, uri: str, args: argparse.Namespace) -> dict[str, Any]:
         "race_runs": search.compute.by_phase().get("race", {}).get("runs", 0),
         "max_lag": max(lags, default=0.0), "lag_first_half": median(first), "lag_second_half": median(half),
         "drain": drain, "cpu_per_1000": 1000 * cpu / max(handled, 1), "cpu_cores": cpu / args.window,
+        "mlflow_process": process, "writer_cores": writer_cpu / args.window,
         "peak_backlog": max((b for _, b in backlog), default=0), "unfinished": len(unfinished),
         **search.ask_figures(), **verified, **lost,
     }
@@ -539,12 +548,13 @@ def _line(row: dict[str, Any]) -> str:
     states = ", ".join(f"{n} {k}" for k, n in sorted(row["states"].items()))
     verified = (f"; verification: {row['verify_runs']} + {row['margin_runs']} margin runs, driver CPU "
                 f"{row['verify_cpu']:.1f} s in {row['verify_wall']:.1f} s" if "verify_runs" in row else "")
+    writer = f" + MLflow's process {row['writer_cores']:.2f}" if row.get("mlflow_process") else ""
     return (f"  {row['rate']:.0f} records/s at {row['slots']} slots: {verdict}; handled {row['handled']} "
             f"({row['handled_per_s']:.0f}/s; {row['handled_per_s_late']:.0f}/s in its second half), "
             f"{row['trials']} trials ended ({row['trials_per_s']:.1f}/s: {states}; "
             f"{row['race_runs']} race runs), asks {row['asks']}: median {row['ask_median']:.3f} s, "
             f"{row['ask_full_median']:.3f} s at {row['ask_inflight']} in flight; driver {row['cpu_cores']:.2f} "
-            f"cores; {row['unfinished']} trials left RUNNING{verified};\n"
+            f"cores{writer}; {row['unfinished']} trials left RUNNING{verified};\n"
             f"    lag max {row['max_lag']:.2f} s (median {row['lag_first_half']:.2f} -> "
             f"{row['lag_second_half']:.2f}), MLflow backlog +{row['backlog_growth']:.0f} points, drain "
             f"{row['drain']:.1f} s (peak backlog {row['peak_backlog']}), lost {row['lost']} / "
@@ -707,6 +717,8 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=8, help="trials of the --cluster launch")
     p.add_argument("--cluster-steps", type=int, default=300, help="steps per seed run of the --cluster launch")
     p.add_argument("--node-cpus", type=int, default=1, help="CPUs (slots) per node of the --cluster run")
+    p.add_argument("--mlflow-process", choices=["auto", "on", "off"], default="auto",
+                   help="MLflow's writes through a process of their own (auto: as a launch, from PROCESS_SLOTS slots)")
     p.add_argument("--smoke", action="store_true", help="tiny and quick: checks that the script works")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
@@ -751,9 +763,10 @@ def main() -> None:
             all_rows += [{**r, "repeat": n + 1} for r in rows]
         results[backend] = {"highest": best_rates, "median": median(best_rates), "rows": all_rows}
         print(table(["repeat", "slots", "rate", "sustained", "handled/s (2nd half)", "trials/s", "ask s (full)",
-                     "max lag s", "driver cores", "drain s", "lost", "twice", "in table"],
+                     "max lag s", "driver cores", "MLflow process cores", "drain s", "lost", "twice", "in table"],
                     [[r["repeat"], r["slots"], r["rate"], r["sustained"], r["handled_per_s_late"], r["trials_per_s"],
-                      r["ask_full_median"], r["max_lag"], r["cpu_cores"], r["drain"], r["lost"], r["extra"],
+                      r["ask_full_median"], r["max_lag"], r["cpu_cores"],
+                      r["writer_cores"] if r["mlflow_process"] else "-", r["drain"], r["lost"], r["extra"],
                       r["spilled"]] for r in all_rows]))
         lost = sum(r["lost"] + r["extra"] for r in all_rows)
         print(f"RESULT driver_rate {backend} = {median(best_rates):.0f} records/s sustained (median of "

@@ -109,8 +109,17 @@ def test_restart_closes_a_dead_drivers_runs_and_logs_the_trial_it_never_logged(
     assert by_trial[unlogged.number].data.params["learning_rate"] == str(unlogged.params["learning_rate"])
 
 
+def writer(uri: str, process: bool) -> Any:
+    """The tracker's client: None (its own, in the driver) or an MLflow client in a process of its own
+    (a large cluster's, tuner.driver.mlflow_process): the tests below take both."""
+    from tuner.driver.mlflow_process import ClientProcess
+
+    return ClientProcess(uri) if process else None
+
+
+@pytest.mark.parametrize("process", [False, True], ids=["thread", "process"])
 def test_tracker_behind_puts_telemetry_in_telemetry_json_and_loses_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process: bool
 ) -> None:
     from mlflow.tracking import MlflowClient
 
@@ -120,7 +129,7 @@ def test_tracker_behind_puts_telemetry_in_telemetry_json_and_loses_nothing(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(mlflow_sender, "_SPILL", -1)  # as if the queue were always long: every record spills
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    tracker = Tracker(uri, "behind", {"model": "planted"})
+    tracker = Tracker(uri, "behind", {"model": "planted"}, writer(uri, process))
     config = TrainConfig(1e-2)
     for number in (0, 1):  # trial 1 is still running when the tracker closes (an interrupted launch)
         tracker.on_trial_start(number, config, (7,))
@@ -156,8 +165,9 @@ def seed_run(number: int, seed: int, val_loss: float, phase: Phase = Phase.SEARC
     return [*progress, final]
 
 
+@pytest.mark.parametrize("process", [False, True], ids=["thread", "process"])
 def test_per_seed_metrics_are_named_by_position_so_every_run_has_the_same_columns(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, process: bool
 ) -> None:
     """Two trials on different seed values (the study's seed stream) log the same metric and tag keys;
     a run's ``seeds`` tag and param give the value at each position, races numbered in their own runs."""
@@ -167,7 +177,7 @@ def test_per_seed_metrics_are_named_by_position_so_every_run_has_the_same_column
 
     monkeypatch.chdir(tmp_path)
     uri, config = f"sqlite:///{tmp_path / 'm.db'}", TrainConfig(1e-2)
-    tracker = Tracker(uri, "positions", {"model": "planted"})
+    tracker = Tracker(uri, "positions", {"model": "planted"}, writer(uri, process))
     seeds = {0: (11, 12), 1: (22, 21)}  # trial 1's first seed is the larger: a position is not a rank
     losses = {11: 0.5, 12: 0.6, 22: 0.7, 21: 0.8, 31: 0.4, 32: 0.3}
     for number, (first, second) in seeds.items():

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 console = output_console()  # piped or redirected: every line whole, no live view (tuner.driver.progress)
+PROCESS_SLOTS = 64  # from this many slots, MLflow's writes go through a process of their own (mlflow_process)
 METRIC = "val_loss"  # the objective's name in Optuna: a COMPLETE trial's validation loss, mean over seeds
 
 
@@ -95,7 +96,7 @@ def _launch(config: LaunchConfig) -> dict[str, object]:
     tracker, closing, study = None, None, None
     try:
         signals.raise_if_dropped()  # tuner's handlers back in place of the ones ray.init set
-        tracker = make_tracker(config, connecting.result(), liveness.driver)
+        tracker = make_tracker(config, connecting.result(), liveness.driver, executor.slots)
         if tracker and skip:
             tracker.set_launch_tags(_skip_tags(skip, skipped))
         study = open_study(config, space, liveness)
@@ -319,16 +320,20 @@ def connect_tracking(config: LaunchConfig) -> MlflowClient | None:
     return connect(config.tracking_uri)
 
 
-def make_tracker(config: LaunchConfig, client: MlflowClient | None, driver: str | None = None) -> Tracker | None:
+def make_tracker(config: LaunchConfig, client: MlflowClient | None, driver: str | None = None,
+                 slots: int = 1) -> Tracker | None:
     """The MLflow tracker on ``client`` (from :func:`connect_tracking`; None: no tracking); its runs
-    are tagged with the ``driver`` id (tuner.driver.liveness)."""
+    are tagged with the ``driver`` id (tuner.driver.liveness). On a cluster of ``PROCESS_SLOTS`` slots
+    or more its writes go through a client in a process of its own (tuner.driver.mlflow_process)."""
     if client is None or config.tracking_uri is None:
         return None
+    from tuner.driver.mlflow_process import ClientProcess
     from tuner.driver.tracking import Tracker
 
     params = {k: v for k, v in config.model_dump().items() if k not in ("storage", "tracking_uri")}
     params["storage"] = redact(config.storage)
-    return Tracker(config.tracking_uri, config.study_name, params, client, driver=driver)
+    writer = ClientProcess(config.tracking_uri) if slots >= PROCESS_SLOTS else client
+    return Tracker(config.tracking_uri, config.study_name, params, writer, driver=driver)
 
 
 def open_study(config: LaunchConfig, space: SearchSpace, liveness: Liveness | None = None) -> optuna.Study:

@@ -14,6 +14,10 @@ logging at once (about 10 calls a second in all, at least 1 s, at most 10 s); an
 other than ``loss`` in rows of its run's ``telemetry.json`` (one table per seed, named as the seed's
 metrics are: ``s0``, ``s1``, ...) instead of metric points, until the queue is short again.
 
+On a cluster of 64 slots or more the client is a :class:`~tuner.driver.mlflow_process.ClientProcess`:
+the same calls, answered by an MLflow client in a process of its own, so that the writes' CPU is not
+the search loop's; the sender's thread waits for each answer with the GIL released.
+
 A run is named by a *target*: a trial number (the trial's own run) or a phase run's name, which
 the tracker resolves to a run id when the operation is sent (the run may be created late).
 """
@@ -138,7 +142,11 @@ class Sender:
             self._ops.append(lambda: self.client.log_dict(self._run_of(target), doc, TELEMETRY_FILE))
 
     def _log_metrics(self, target: Target, metrics: list[Point]) -> None:
-        self.client.log_batch(self._run_of(target), metrics=[self._Metric(*m) for m in metrics])
+        log_points = getattr(self.client, "log_points", None)  # a ClientProcess makes the Metrics in its process
+        if log_points is not None:
+            log_points(self._run_of(target), metrics)
+        else:
+            self.client.log_batch(self._run_of(target), metrics=[self._Metric(*m) for m in metrics])
         self._rows_out += len(metrics)
 
     def flush(self) -> bool:

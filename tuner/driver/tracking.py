@@ -31,9 +31,10 @@ import logging
 import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING, TypeGuard, cast
 
 from tuner.driver import mlflow_runs, mlflow_ui, orphans
+from tuner.driver.mlflow_process import ClientProcess
 from tuner.driver.mlflow_sender import TELEMETRY_FILE, Sender, Target, first_line
 from tuner.errors import TrackingError
 from tuner.records import (
@@ -101,8 +102,9 @@ class Tracker:
     only hears events: the search never asks it anything (the launch asks :meth:`runs` once it has ended)."""
 
     def __init__(self, uri: str, experiment: str, launch_params: Mapping[str, object],
-                 client: MlflowClient | None = None, driver: str | None = None) -> None:
-        """Create the parent run; ``client`` is one :func:`connect` made beforehand (else made here).
+                 client: MlflowClient | ClientProcess | None = None, driver: str | None = None) -> None:
+        """Create the parent run; ``client`` is one :func:`connect` made beforehand (else made here), or
+        a :class:`~tuner.driver.mlflow_process.ClientProcess` (a large cluster's: closed with the tracker).
 
         Every run it creates is tagged ``tuner.driver`` with ``driver`` (its launch's id, see
         tuner.driver.liveness), so that another launch on the study closes it only once that driver is dead.
@@ -112,7 +114,9 @@ class Tracker:
         self._Metric, self._Param, self._Tag = Metric, Param, RunTag
         self.uri = uri
         self._driver = {DRIVER_TAG: driver} if driver else {}
-        self.client = client if client is not None else connect(uri)
+        self._process = client if isinstance(client, ClientProcess) else None
+        # a ClientProcess answers every MlflowClient method the tracker calls, with the same results
+        self.client = cast("MlflowClient", client) if client is not None else connect(uri)
         try:
             found = self.client.get_experiment_by_name(experiment)
             self.experiment_id = found.experiment_id if found else self.client.create_experiment(
@@ -337,6 +341,8 @@ class Tracker:
             self.client.set_terminated(self.parent_id, status)
 
         self._sender.close(end, wait)
+        if self._process is not None:
+            self._process.close()
 
     def close_orphans(self, study: optuna.Study, live: Collection[str] = ()) -> int:
         """Close the runs dead drivers left RUNNING and log the trials they could not log
