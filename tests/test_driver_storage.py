@@ -6,6 +6,7 @@ Optuna's own cache; it fails open."""
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ from tuner.driver.search import make_sampler
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def _storage(url: str, resync: float = 3600.0) -> optuna.storages.BaseStorage:
-    """A driver's storage whose full reads (which would hide a stale copy) are an hour apart."""
-    return hooks.driver_storage(optuna.storages.RDBStorage(url), resync)
+def _storage(url: str, resync: float = 3600.0, fresh: float = 0.0) -> optuna.storages.BaseStorage:
+    """A driver's storage whose full reads (which would hide a stale copy) are an hour apart, and which
+    asks the database at every read (its default waits ``hooks.FRESH_S`` between two: the last test)."""
+    return hooks.driver_storage(optuna.storages.RDBStorage(url), resync, fresh)
 
 
 def _view(study: optuna.Study) -> list[tuple[Any, ...]]:
@@ -97,7 +99,7 @@ def test_an_ask_reads_none_of_the_drivers_own_running_trials_back(
     and the constant liar: O(trials in flight) per ask. Here only the others' are read."""
     url = f"sqlite:///{tmp_path / 'o.db'}"
     backend = optuna.storages.RDBStorage(url)
-    storage = hooks.driver_storage(backend, resync=3600.0)
+    storage = hooks.driver_storage(backend, resync=3600.0, fresh=0.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         study = optuna.create_study(study_name="s", storage=storage, sampler=make_sampler("tpe", 0, 2))
@@ -206,3 +208,34 @@ def test_parameters_held_for_a_trial_another_launch_failed_do_not_hold_back_the_
     stored = optuna.load_study(study_name="s", storage=url).trials
     assert stored[kept.number].params == kept.params and stored[failed.number].params == {}
     assert a.get_trials()[failed.number].state == optuna.trial.TrialState.FAIL
+
+
+def test_reads_within_fresh_seconds_serve_the_copies_and_another_drivers_trials_come_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pruner's decisions and TPE's reads come hundreds a second on a large cluster: within
+    ``fresh`` seconds of a read they ask the database nothing; after it, another driver's new trial
+    and its state are there, and this driver's own changes show at once throughout."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    backend = optuna.storages.RDBStorage(url)
+    a = optuna.create_study(study_name="s", storage=hooks.driver_storage(backend, resync=3600.0, fresh=0.5))
+    b = optuna.load_study(study_name="s", storage=_storage(url))
+    queries: list[int] = []
+    real = backend._get_trials
+    monkeypatch.setattr(backend, "_get_trials", lambda *args, **kwargs: queries.append(1) or real(*args, **kwargs))
+    first = a.ask()
+    a.get_trials()
+    asked = len(queries)
+    other = b.ask()  # another driver's trial, made just after a's last read
+    for _ in range(50):  # a pruner's decisions, say
+        a.get_trials(deepcopy=False)
+    a.tell(first, 0.5)
+    assert a.get_trials()[first.number].state == optuna.trial.TrialState.COMPLETE  # its own: at once
+    if len(queries) == asked:  # (the 50 reads took under fresh seconds, as on any machine but a stalled one)
+        assert [t.number for t in a.get_trials()] == [first.number]  # the other's not yet
+    time.sleep(0.6)
+    assert [t.number for t in a.get_trials()] == [first.number, other.number]
+    b.tell(other, 0.1)
+    time.sleep(0.6)
+    assert a.get_trials()[other.number].state == optuna.trial.TrialState.COMPLETE
+    assert len(queries) <= asked + 3  # one query per fresh interval, not one per read

@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 import types
+import warnings
 from pathlib import Path
 
 import optuna
@@ -425,3 +426,45 @@ def test_windowed_tpe_pickles() -> None:
     assert copy.visible(study, trials) == sampler.visible(study, trials)  # type: ignore[attr-defined]
     study.sampler = copy
     assert 1e-5 <= study.ask().suggest_float("x", 1e-5, 1.0, log=True) <= 1.0
+
+
+def _mixed_study(sampler: optuna.samplers.BaseSampler, n: int = 40, in_flight: int = 5) -> optuna.Study:
+    """A study of a log float, an int and a categorical, whose trials end while ``in_flight`` others
+    run (the constant liar's case); each told trial's value depends on all three."""
+    study = optuna.create_study(sampler=sampler)
+    running: list[optuna.trial.Trial] = []
+    for _ in range(n):
+        trial = study.ask()
+        trial.suggest_float("x", 1e-5, 1.0, log=True), trial.suggest_int("k", 1, 32)
+        trial.suggest_categorical("c", ["a", "b", "c"])
+        running.append(trial)
+        if len(running) > in_flight:
+            done = running.pop(0)
+            study.tell(done, done.params["x"] * done.params["k"] + (done.params["c"] == "b"))
+    return study
+
+
+def test_windowed_tpe_converts_a_trials_parameters_once_to_tpes_own_observations() -> None:
+    args = {"seed": 5, "multivariate": True, "group": True, "constant_liar": True, "n_startup_trials": 6}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        plain = _mixed_study(optuna.samplers.TPESampler(**args))
+        sampler = hooks.windowed_tpe(window=1000, **args)
+        windowed = _mixed_study(sampler)
+        assert [t.params for t in windowed.trials] == [t.params for t in plain.trials]  # suggestion for suggestion
+
+        trials = windowed.get_trials(deepcopy=False)
+        space = trials[-1].distributions
+        tpe = optuna.samplers.TPESampler(**args)
+        ours = sampler._get_internal_repr(trials, space, windowed)  # type: ignore[attr-defined]
+        theirs = tpe._get_internal_repr(trials, space, windowed)
+        assert ours.keys() == theirs.keys()
+        assert all(ours[k].dtype == theirs[k].dtype and (ours[k] == theirs[k]).all() for k in ours)
+
+        converted: list[int] = []
+        real = sampler._get_params  # type: ignore[attr-defined]
+        sampler._get_params = lambda t, s: converted.append(t.number) or real(t, s)  # type: ignore[attr-defined]
+        trial = windowed.ask()
+        trial.suggest_float("x", 1e-5, 1.0, log=True)
+    # every trial was converted by an earlier ask, but the one asked last (an ask leaves its own trial out)
+    assert converted == [trials[-1].number]

@@ -16,10 +16,11 @@ log = logging.getLogger(__name__)
 
 
 RESYNC_S = 30.0  # seconds between two full reads of a driver's running trials (:func:`driver_storage`)
+FRESH_S = 0.5  # seconds within which a read serves the copies without asking the database (:func:`driver_storage`)
 _driver_storage: list[type] = []  # the DriverStorage class, made once Optuna is imported
 
 
-def driver_storage(backend: RDBStorage, resync: float = RESYNC_S) -> BaseStorage:
+def driver_storage(backend: RDBStorage, resync: float = RESYNC_S, fresh: float = FRESH_S) -> BaseStorage:
     """Optuna's cache over ``backend`` (``_CachedStorage``), keeping the running trials this storage
     created (or started from WAITING) in memory, for the one driver that writes them.
 
@@ -28,7 +29,10 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S) -> BaseStorage
     flight): an ask costs O(trials in flight) queries' worth of rows (``bench/ask_cost.py``). Here a
     trial of this driver is written through to the database and its copy in memory is updated by the
     same call, so a read fetches only the other drivers' unfinished trials and the trials created
-    since the last read (its own included, once). Every ``resync`` seconds a read is a full one, as
+    since the last read (its own included, once), and only if the last read is ``fresh`` seconds old
+    or more: the pruner's decisions and TPE's reads, hundreds a second on a large cluster, cost no
+    query between two, and another driver's trials show here at most ``fresh`` s later (the search
+    counts the study's open trials once a second anyway). Every ``resync`` seconds a read is a full one, as
     Optuna's (this driver's trials too: it repairs any drift, such as a trial another launch failed
     as stale). A trial this driver creates is read back once, by the next read. A state this storage
     writes is read back from the database (one trial). A parameter whose distribution the study
@@ -49,7 +53,7 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S) -> BaseStorage
     except (ImportError, AttributeError) as exc:
         log.debug("Optuna's own cache serves the driver's trials (each ask reads every trial in flight): %s", exc)
         return backend
-    storage: BaseStorage = cls(backend, resync)
+    storage: BaseStorage = cls(backend, resync, fresh)
     return storage
 
 
@@ -76,8 +80,10 @@ def _driver_storage_class() -> type:
     from optuna.trial import FrozenTrial
 
     class DriverStorage(_CachedStorage):
-        def __init__(self, backend: RDBStorage, resync: float) -> None:
+        def __init__(self, backend: RDBStorage, resync: float, fresh: float) -> None:
             super().__init__(backend)
+            self._fresh = fresh
+            self._read: dict[int, float] = {}  # study id -> time.monotonic() of its last read
             self._own: set[int] = set()  # ids of this driver's running trials: their copies here are current
             self._seen: dict[int, int] = {}  # study id -> the largest trial id read
             self._resync = resync
@@ -99,6 +105,9 @@ def _driver_storage_class() -> type:
         def _read_trials_from_remote_storage(self, study_id: int) -> None:
             now = time.monotonic()
             full = now - self._synced.get(study_id, -float("inf")) >= self._resync
+            if not full and now - self._read.get(study_id, -float("inf")) < self._fresh:
+                return  # read less than `fresh` s ago: the copies serve
+            self._read[study_id] = now
             if full:
                 self.flush_params()  # a full read replaces this driver's copies with the database's
             with self._lock:

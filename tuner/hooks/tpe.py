@@ -53,6 +53,7 @@ def _windowed_tpe_from(state: dict[str, Any]) -> Any:
 
 
 def _windowed_tpe_class() -> type:
+    import numpy as np
     import optuna
     from optuna.trial import FrozenTrial, TrialState
 
@@ -82,6 +83,7 @@ def _windowed_tpe_class() -> type:
             super().__init__(**tpe)
             self.window, self.best = window, best
             self._best_of: dict[tuple[int, int, bool], frozenset[int]] = {}  # (finished, last, pruned?) -> numbers
+            self._rows: dict[Any, dict[int, tuple[Any, ...]]] = {}  # (study, space) -> trial -> its observation row
 
         def __reduce__(self) -> tuple[Any, ...]:
             return _windowed_tpe_from, (dict(self.__dict__),)
@@ -102,6 +104,33 @@ def _windowed_tpe_class() -> type:
                 self._best_of[key] = best
             keep = best | {t.number for t in done[-self.window:]}
             return [t for t in trials if t.state not in finished or t.number in keep]
+
+        def _get_internal_repr(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            """TPE's observations (one array per parameter, over ``trials``), each trial's row
+            converted once: a trial's parameters never change once set, and TPE converted every
+            trial's (a running one's from a JSON attr) twice per ask: 15 % of the driver's busy time
+            at 500 slots (BENCHMARKS.md). The same arrays as TPE's own."""
+            if kwargs or len(args) != 3 or not hasattr(super(), "_get_params"):
+                return super()._get_internal_repr(*args, **kwargs)
+            trials, space, study = args
+            key = (study.study_name, tuple(space.items()))
+            spaces = self.__dict__.setdefault("_rows", {})  # (a sampler pickled before it had rows)
+            rows = spaces.get(key)
+            if rows is None or len(rows) > 2 * len(trials) + 100:  # a new space, or rows of trials gone
+                if len(spaces) >= 8:
+                    spaces.clear()
+                rows = spaces[key] = {}
+            out = []
+            for trial in trials:
+                row = rows.get(trial.number)
+                if row is None:
+                    params = self._get_params(trial, study)
+                    if not space.keys() <= params.keys():
+                        continue  # as TPE: a trial without every parameter is left out (and not kept)
+                    row = rows[trial.number] = tuple(d.to_internal_repr(params[n]) for n, d in space.items())
+                out.append(row)
+            columns = list(zip(*out, strict=True)) if out else [() for _ in space]
+            return {name: np.asarray(column) for name, column in zip(space, columns, strict=True)}
 
         def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> Any:
             return super().infer_relative_search_space(StudyWindow(study, self), trial)  # type: ignore[arg-type]
