@@ -15,6 +15,7 @@ log = logging.getLogger(__name__)
 
 TPE_WINDOW = 1000  # finished trials TPE reads past its best (:func:`windowed_tpe`)
 TPE_BEST = 25  # the best finished trials TPE always reads: its largest "good" group (Optuna's default gamma)
+ROWS_KEPT = 10_000  # observation rows WindowedTPE keeps past twice its window before it starts anew
 _windowed_tpe: list[type] = []
 
 
@@ -116,7 +117,7 @@ def _windowed_tpe_class() -> type:
             key = (study.study_name, tuple(space.items()))
             spaces = self.__dict__.setdefault("_rows", {})  # (a sampler pickled before it had rows)
             rows = spaces.get(key)
-            if rows is None or len(rows) > 2 * len(trials) + 100:  # a new space, or rows of trials gone
+            if rows is None or len(rows) > 2 * self.window + ROWS_KEPT:  # a new space, or many rows: anew
                 if len(spaces) >= 8:
                     spaces.clear()
                 rows = spaces[key] = {}
