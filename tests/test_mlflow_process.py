@@ -55,10 +55,10 @@ def test_a_killed_child_loses_nothing_and_a_stop_signal_does_not_end_it(
     os.kill(pid, signal.SIGKILL)  # an OOM kill, say
     assert _gone(pid)
     _trial(tracker, 1, (10, 20))
-    # the call that finds the child dead fails and stays queued, as for a server that went away; the
+    # a call the death cuts short fails and stays queued, as for a server that went away; the
     # sender's next send starts another child and sends it again
-    assert any(tracker.flush() for _ in range(2))
-    assert process.pid != pid  # another child
+    assert any(tracker.flush() for _ in range(3))
+    assert process.pid not in (None, pid)  # another child
     tracker.close()
 
     client = MlflowClient(uri)

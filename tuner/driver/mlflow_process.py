@@ -17,7 +17,8 @@ flush and stop), and ends when the driver closes the socket or dies.
 An error in the child is raised in the driver as :class:`RemoteError` with the same text (an
 ``OSError`` with its errno), so that the sender tells a server that is away from a full disk as it
 does in-process (``tuner.driver.mlflow_sender.for_good``). A child that died is started again at
-the next call; the call that found it dead fails, and the sender retries it.
+the next call; a call it cut short fails, and the sender sends it again. The child is as quiet as
+the launch (``tuner.driver.launch.quiet_third_party``): what failed reaches the driver, which says it.
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ class ClientProcess:
             try:
                 self._conn.send_bytes(pickle.dumps((name, args, kwargs)))
                 ok, value = pickle.loads(self._conn.recv_bytes())
-            except (EOFError, OSError) as exc:  # the child died mid-call: the next call starts another
+            except (EOFError, OSError) as exc:  # the child died, or its socket broke: the next call starts another
+                self._discard()
                 raise RemoteError(f"the MLflow client process ended ({type(exc).__name__}: {exc})") from None
         if not ok:
             raise value
@@ -96,6 +98,19 @@ class ClientProcess:
             log.warning("the MLflow client process ended (exit %s); starting another", self._child.returncode)
         self._close_conn()
         self._start()
+
+    def _discard(self) -> None:
+        """Close the socket and end the child (dead, or alive on a broken socket), so that the next
+        call starts another."""
+        self._close_conn()
+        if self._child is not None:
+            if self._child.poll() is None:
+                self._child.kill()
+            try:
+                self._child.wait(10)
+            except subprocess.TimeoutExpired:
+                log.warning("the MLflow client process %d did not end when killed", self._child.pid)
+            self._child = None
 
     def _close_conn(self) -> None:
         if self._conn is not None:
@@ -137,6 +152,11 @@ def serve(fd: int) -> None:
     """The child's loop: answer calls on the socket ``fd`` until it closes (its first message is the uri)."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the driver stops it (see the module docs)
+    from tuner import environ
+
+    environ.quiet_mlflow()
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     from mlflow.entities import Metric
 
     from tuner.driver.mlflow_runs import client
