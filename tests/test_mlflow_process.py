@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,18 +30,23 @@ def _trial(tracker: object, number: int, steps: tuple[int, ...]) -> None:
     tracker.on_trial_complete(TrialOutcome(number, config, TrialState.SURVIVED, (final,), value=0.5))  # type: ignore[attr-defined]
 
 
+def _tracked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, study: str) -> tuple[str, Any, Any]:
+    """(the store's uri, a ClientProcess of it, a Tracker writing through it) in ``tmp_path``."""
+    from tuner.driver.mlflow_process import ClientProcess
+    from tuner.driver.tracking import Tracker
+
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    process = ClientProcess(uri)
+    return uri, process, Tracker(uri, study, {"model": "planted"}, process)
+
+
 def test_a_killed_child_loses_nothing_and_a_stop_signal_does_not_end_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from tuner.driver.mlflow_process import ClientProcess
-    from tuner.driver.tracking import Tracker
-
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    process = ClientProcess(uri)
-    tracker = Tracker(uri, "killed", {"model": "planted"}, process)
+    uri, process, tracker = _tracked(tmp_path, monkeypatch, "killed")
     first = process.call("search_experiments")  # the child's own answer: it is up
     assert [e.name for e in first if e.name == "killed"] == ["killed"]
 
@@ -85,14 +91,8 @@ def _gone(pid: int, within: float = 30.0) -> bool:
 def test_the_child_ends_with_the_tracker_and_with_a_killed_driver(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tuner.driver.mlflow_process import ClientProcess
-    from tuner.driver.tracking import Tracker
-
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    process = ClientProcess(uri)
+    uri, process, tracker = _tracked(tmp_path, monkeypatch, "ends")
     pid = process.pid
-    tracker = Tracker(uri, "ends", {"model": "planted"}, process)
     _trial(tracker, 0, (10,))
     tracker.close()
     assert pid is not None and process.pid is None and _gone(pid)  # closed with the tracker, not left behind
