@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.test_ports import alive
 from tuner.records import RunRecord, RunStatus, TrainConfig, TrialOutcome, TrialState
 
 
@@ -77,15 +78,11 @@ def test_a_killed_child_loses_nothing_and_a_stop_signal_does_not_end_it(
 def _gone(pid: int, within: float = 30.0) -> bool:
     """Whether process ``pid`` ended (or is a zombie nobody reaped) within ``within`` seconds."""
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
+    while alive([pid]):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.1)
-    return False
+    return True
 
 
 def test_the_child_ends_with_the_tracker_and_with_a_killed_driver(
