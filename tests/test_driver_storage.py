@@ -46,19 +46,19 @@ def test_driver_storage_shows_what_the_database_holds_to_two_drivers(tmp_path: P
     for trial in (first, second):
         trial.suggest_float("lr", 1e-4, 1.0, log=True)
         trial.suggest_int("max_iter", 1, 32)
-        hooks.flush_params(a)  # as the search does after a trial's suggestions
+        hooks.flush_held(a)  # as the search does after a trial's suggestions
     first.set_user_attr("tuner.driver", "a")
     first.report(0.3, 25)
     assert hooks.insert_intermediate_values([(first, {50: 0.2}), (second, {25: 0.5, 50: 0.4, 75: 9.0})])
     assert hooks.delete_intermediate_values_from(second, 75)
     other = b.ask()  # the other driver's trial, running
     other.suggest_float("lr", 1e-4, 1.0, log=True)
-    hooks.flush_params(b)
+    hooks.flush_held(b)
     other.report(0.7, 25)
     a.enqueue_trial({"lr": 0.01})  # WAITING: the other driver starts it
     popped = b.ask()
     assert popped.suggest_float("lr", 1e-4, 1.0, log=True) == 0.01  # b read the WAITING trial a made
-    hooks.flush_params(b)
+    hooks.flush_held(b)
     assert _view(a) == _view(b) == _stored(url)  # 4 running: 2 of a, 2 of b (one enqueued by a)
 
     a.tell(first, 0.2)
@@ -66,8 +66,9 @@ def test_driver_storage_shows_what_the_database_holds_to_two_drivers(tmp_path: P
     b.tell(other, 0.1)
     third = a.ask()
     third.suggest_float("lr", 1e-4, 1.0, log=True)
-    hooks.flush_params(a)
-    third.set_user_attr("tuner.reason", "x")
+    hooks.flush_held(a)
+    third.set_user_attr("tuner.reason", "x")  # held: written with the trial's next write
+    hooks.flush_held(a)
     assert _view(a) == _view(b) == _stored(url)
     states = [t.state for t in a.get_trials()]
     assert states.count(optuna.trial.TrialState.RUNNING) == 2 and states.count(optuna.trial.TrialState.COMPLETE) == 2
@@ -83,8 +84,9 @@ def test_a_trial_another_launch_failed_is_read_back_at_the_next_write_or_full_re
     assert len(a.get_trials()) == 2  # a reads its new trials back once; from now on its copies serve
     for trial in (mine, again):
         assert hooks.fail_trial(b, hooks.frozen_trial(b, trial.number), {"tuner.reason": "stale"})
+    mine.set_user_attr("tuner.record", "{}")  # held, to be written with the trial's end
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
-        mine.set_user_attr("tuner.record", "{}")
+        a.tell(mine, 0.5)
     assert a.get_trials()[mine.number].state == optuna.trial.TrialState.FAIL
     assert a.get_trials()[again.number].state == optuna.trial.TrialState.RUNNING  # not written since
     full = optuna.load_study(study_name="s", storage=_storage(url, resync=0.0))  # every read a full one
@@ -159,19 +161,11 @@ def test_driver_storage_is_optunas_own_cache_without_the_rdb_internals(
     assert "Optuna's own cache serves" in caplog.text
 
 
-def test_a_trials_parameters_are_written_in_one_transaction_and_checked_at_once(tmp_path: Path) -> None:
+def _count_commits(backend: optuna.storages.RDBStorage) -> list[int]:
+    """A list that grows by one at each commit of ``backend`` that wrote (reads commit too)."""
     import sqlalchemy
 
-    url = f"sqlite:///{tmp_path / 'o.db'}"
-    backend = optuna.storages.RDBStorage(url)
-    study = optuna.create_study(study_name="s", storage=hooks.driver_storage(backend, resync=3600.0))
-
-    def suggest(trial: optuna.trial.Trial) -> None:
-        for name in ("a", "b", "c", "d"):
-            trial.suggest_float(name, 0.0, 1.0)
-
-    suggest(study.ask())  # the study's first trial: each distribution is new, written through
-    wrote, commits = [False], []  # transactions that wrote: reads commit too
+    wrote, commits = [False], []
 
     def statement(_conn: Any, _cursor: Any, sql: str, *_: Any) -> None:
         wrote[0] = wrote[0] or sql.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))
@@ -183,15 +177,65 @@ def test_a_trials_parameters_are_written_in_one_transaction_and_checked_at_once(
 
     sqlalchemy.event.listen(backend.engine, "before_cursor_execute", statement)
     sqlalchemy.event.listen(backend.engine, "commit", commit)
+    return commits
+
+
+def test_a_trials_parameters_are_written_in_one_transaction_and_checked_at_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    backend = optuna.storages.RDBStorage(url)
+    study = optuna.create_study(study_name="s", storage=hooks.driver_storage(backend, resync=3600.0))
+
+    def suggest(trial: optuna.trial.Trial) -> None:
+        for name in ("a", "b", "c", "d"):
+            trial.suggest_float(name, 0.0, 1.0)
+
+    suggest(study.ask())  # the study's first trial: each distribution is new, written through
+    commits = _count_commits(backend)
     second = study.ask()
     asked = len(commits)
     suggest(second)
     assert len(commits) == asked  # held
-    hooks.flush_params(study)
+    hooks.flush_held(study)
     assert len(commits) == asked + 1  # four parameters, one transaction
     assert optuna.load_study(study_name="s", storage=url).trials[1].params == second.params
     with pytest.raises(ValueError, match="Cannot set different distribution kind"):
         study.ask().suggest_int("a", 0, 3)  # as through Optuna's own storage: at the suggestion
+
+
+def test_a_trials_life_as_the_search_writes_it_takes_five_commits_and_ends_as_stored(tmp_path: Path) -> None:
+    """Asked, claimed (heartbeat, owner), suggested (TPE's attribute too), its values in a batch, its
+    record and its end: 5 commits (8 when each attribute was a transaction of its own), and its copy
+    here, finished in memory, is the database's to the microsecond."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    backend = optuna.storages.RDBStorage(url, heartbeat_interval=60)
+    study = optuna.create_study(study_name="s", storage=hooks.driver_storage(backend, resync=3600.0))
+    study.ask().suggest_float("lr", 1e-4, 1.0, log=True)  # the study's distribution, written through
+    commits = _count_commits(backend)
+    for tell in (lambda t: study.tell(t, 0.25), lambda t: hooks.tell_pruned_without_value(study, t.number),
+                 lambda t: study.tell(t, state=optuna.trial.TrialState.FAIL)):
+        start = len(commits)
+        trial = study.ask()
+        assert hooks.record_heartbeat(study, hooks.trial_id(trial))
+        trial.set_user_attr("tuner.driver", "d1")
+        study._storage.set_trial_system_attr(trial._trial_id, "tpe:x", [1, 2])
+        trial.suggest_float("lr", 1e-4, 1.0, log=True)
+        hooks.flush_held(study)
+        assert _stored(url)[trial.number][5] == {"tuner.driver": "d1"}  # written with the parameters
+        assert hooks.insert_intermediate_values([(trial, {25: 0.5, 50: 0.3})])
+        trial.set_user_attr("tuner.record", {"state": "x"})
+        assert optuna.load_study(study_name="s", storage=url).trials[trial.number].user_attrs == {
+            "tuner.driver": "d1"}  # held until its end
+        tell(trial)
+        assert len(commits) - start == 5
+        stored = optuna.load_study(study_name="s", storage=url).trials[trial.number]
+        mine = study.get_trials()[trial.number]
+        assert stored.user_attrs == {"tuner.driver": "d1", "tuner.record": {"state": "x"}}
+        assert stored.system_attrs == mine.system_attrs == {"tpe:x": [1, 2]}
+        assert (mine.state, mine.values, mine.datetime_complete) == (
+            stored.state, stored.values, stored.datetime_complete)
+    assert _view(study) == _stored(url)
+    with pytest.raises(TypeError):  # not JSON: at once, as Optuna's storage raises
+        study.ask().set_user_attr("bad", object())
 
 
 def test_parameters_held_for_a_trial_another_launch_failed_do_not_hold_back_the_others(tmp_path: Path) -> None:
@@ -204,7 +248,7 @@ def test_parameters_held_for_a_trial_another_launch_failed_do_not_hold_back_the_
     failed.suggest_float("x", 0.0, 1.0)
     kept.suggest_float("x", 0.0, 1.0)
     assert hooks.fail_trial(b, hooks.frozen_trial(b, failed.number))
-    hooks.flush_params(a)
+    hooks.flush_held(a)
     stored = optuna.load_study(study_name="s", storage=url).trials
     assert stored[kept.number].params == kept.params and stored[failed.number].params == {}
     assert a.get_trials()[failed.number].state == optuna.trial.TrialState.FAIL

@@ -10,6 +10,7 @@ import optuna
 import pytest
 
 from tests.test_search import KNOBS, FakeExecutor
+from tuner import hooks
 from tuner.config import LaunchConfig
 from tuner.driver.launch import open_study, repair
 from tuner.driver.liveness import Liveness, counted
@@ -38,6 +39,7 @@ def test_repair_fails_only_the_dead_drivers_trials_and_runs(tmp_path: Path) -> N
         drivers[name].attach(studies[name])
         trials[name] = studies[name].ask(LR)
         drivers[name].claim(trials[name])
+        hooks.flush_held(studies[name])  # its owner tag, as the search writes it: with its parameters
         trackers[name] = Tracker(uri, "s", {}, driver=drivers[name].driver)
         trackers[name].on_trial_start(trials[name].number, TrainConfig(1e-3), (0, 1))
         assert trackers[name].flush()

@@ -70,6 +70,7 @@ def test_restart_closes_a_dead_drivers_runs_and_logs_the_trial_it_never_logged(
     import optuna
     from mlflow.tracking import MlflowClient
 
+    from tuner import hooks
     from tuner.driver.launch import repair
     from tuner.driver.liveness import Liveness
     from tuner.driver.tracking import Tracker
@@ -85,6 +86,7 @@ def test_restart_closes_a_dead_drivers_runs_and_logs_the_trial_it_never_logged(
     running, unlogged = study.ask(lr), study.ask(lr)
     killed.claim(running)
     killed.claim(unlogged)
+    hooks.flush_held(study)  # their owner tags, as the search writes them: with their parameters
     dead = Tracker(uri, "s", {"model": "planted"}, driver=killed.driver)
     dead.on_trial_start(done.number, TrainConfig(1e-3), (0, 1))
     dead.on_trial_start(running.number, TrainConfig(2e-3), (0, 1))

@@ -138,7 +138,10 @@ class Liveness:
                 log.debug("could not record that driver %s stopped: %s", self.driver, exc)
 
     def claim(self, trial: optuna.trial.Trial) -> None:
-        """Mark a trial just asked as this driver's: its first heartbeat, then the owner tag."""
+        """Mark a trial just asked as this driver's: its first heartbeat, then the owner tag (held by
+        the driver's storage and written with the trial's parameters, ``tuner.hooks.flush_held``, as
+        the search does after the suggestions; another driver spares a trial without the tag for the
+        grace period)."""
         if self.study is not None:
             hooks.record_heartbeat(self.study, hooks.trial_id(trial))
         trial.set_user_attr(DRIVER, self.driver)

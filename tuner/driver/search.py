@@ -36,7 +36,7 @@ from tuner.driver.pruning import stop_reason
 from tuner.driver.racing import Racing, standing
 from tuner.driver.seeding import SeedPolicy, seed_policy
 from tuner.driver.trialrecord import ATTR, DUPLICATE_OF, REASON, TrialRecord
-from tuner.hooks import flush_params, is_enqueued, windowed_tpe
+from tuner.hooks import flush_held, is_enqueued, windowed_tpe
 from tuner.records import Phase, RunRecord, RunSpec, RunStatus, Skip, TrainConfig, TrialOutcome, TrialState
 from tuner.spaces import SearchSpace
 
@@ -173,7 +173,7 @@ class Search:
         if self.liveness is not None:
             self.liveness.claim(trial)
         config = self.space.suggest(trial)
-        flush_params(self.study)  # the trial's parameters, in one transaction
+        flush_held(self.study)  # the trial's parameters and attributes, in one transaction
         twin = self._twin(trial)
         if twin is not None:
             self._skip_duplicate(trial, twin)

@@ -97,7 +97,7 @@ from tuner.hooks.graph import (
     stop_checks,
     stoppable_graph,
 )
-from tuner.hooks.storage import FRESH_S, RESYNC_S, driver_storage, flush_params
+from tuner.hooks.storage import FRESH_S, RESYNC_S, driver_storage, flush_held
 from tuner.hooks.tpe import TPE_BEST, TPE_WINDOW, windowed_tpe
 from tuner.hooks.trials import (
     batches_values,
@@ -118,7 +118,7 @@ from tuner.hooks.trials import (
 __all__ = [
     "CHECK_EVERY", "CREATE_OP", "FRESH_S", "RESYNC_S", "SET_ATTR", "TPE_BEST", "TPE_WINDOW", "BuildStopped",
     "batches_values", "cached_trial", "can_set_attrs", "delete_intermediate_values_from", "driver_storage",
-    "fail_trial", "flush_params", "frozen_trial", "import_without", "insert_intermediate_values", "is_enqueued",
+    "fail_trial", "flush_held", "frozen_trial", "import_without", "insert_intermediate_values", "is_enqueued",
     "loopback_node",
     "ray_processes_in_own_group", "record_heartbeat", "record_heartbeats", "save_trial_note", "set_int_attr",
     "set_tensor_attr", "stop_checks", "stop_ray_monitor", "stoppable_graph", "tell_pruned_without_value",

@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 RESYNC_S = 30.0  # seconds between two full reads of a driver's running trials (:func:`driver_storage`)
 FRESH_S = 0.5  # seconds within which a read serves the copies without asking the database (:func:`driver_storage`)
 _driver_storage: list[type] = []  # the DriverStorage class, made once Optuna is imported
+# what a driver storage holds for a trial: its parameters (name, internal value, distribution) and its
+# attributes ((a user attribute?, key) -> value)
+Held = tuple[list[tuple[str, float, Any]], dict[tuple[bool, str], Any]]
 
 
 def driver_storage(backend: RDBStorage, resync: float = RESYNC_S, fresh: float = FRESH_S) -> BaseStorage:
@@ -34,12 +37,15 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S, fresh: float =
     query between two, and another driver's trials show here at most ``fresh`` s later (the search
     counts the study's open trials once a second anyway). Every ``resync`` seconds a read is a full one, as
     Optuna's (this driver's trials too: it repairs any drift, such as a trial another launch failed
-    as stale). A trial this driver creates is read back once, by the next read. A state this storage
-    writes is read back from the database (one trial). A parameter whose distribution the study
-    holds already is checked at once and written with the trial's others in one transaction
-    (:func:`flush_params`, or the storage's next read or write). Batched and deleted intermediate
+    as stale). A trial this driver creates is read back once, by the next read. A parameter whose
+    distribution the study holds already is checked at once, and it and the trial's attributes are
+    held and written with the trial's others in one transaction (:func:`flush_held`, or the
+    storage's next read or write); a trial this driver finishes is written with what it holds, its
+    state and values in one transaction, and its copy finished in memory. A state it starts (an
+    enqueued trial) is read back from the database (one trial). Batched and deleted intermediate
     values (:func:`insert_intermediate_values`, :func:`delete_intermediate_values_from`) update the
-    copies too.
+    copies too. Each transaction saved is one commit fewer per trial (a commit through SQLAlchemy
+    costs about as much as the query it ends): a trial took 10 before, 5 now (``bench/driver_rate.py``).
 
     Fails open: when Optuna's cache or its RDB internals are not where this looks
     (``optuna.storages._cached_storage``, ``RDBStorage._get_trials``), ``backend`` is returned, which
@@ -47,7 +53,8 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S, fresh: float =
     """
     try:
         cls = _driver_storage_class()
-        for name in ("_get_trials", "_create_new_trial", "_set_trial_param_without_commit"):
+        for name in ("_get_trials", "_create_new_trial", "_set_trial_attr_without_commit",
+                     "_set_trial_value_without_commit", "check_trial_is_updatable"):
             if not callable(getattr(backend, name, None)):
                 raise AttributeError(f"RDBStorage has no {name}")
     except (ImportError, AttributeError) as exc:
@@ -57,11 +64,11 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S, fresh: float =
     return storage
 
 
-def flush_params(study: optuna.Study) -> None:
-    """Write the parameters a :func:`driver_storage` holds for ``study``'s trials (it writes a trial's
-    parameters in one transaction, at its next read or write, or here: after a trial's suggestions).
-    Does nothing on another storage."""
-    flush = getattr(getattr(study, "_storage", None), "flush_params", None)
+def flush_held(study: optuna.Study) -> None:
+    """Write the parameters and attributes a :func:`driver_storage` holds for ``study``'s trials (it
+    writes them in one transaction, at its next read or write, or here: after a trial's
+    suggestions). Does nothing on another storage."""
+    flush = getattr(getattr(study, "_storage", None), "flush_held", None)
     if flush is not None:
         flush()
 
@@ -70,11 +77,15 @@ def _driver_storage_class() -> type:
     """``DriverStorage``, a ``_CachedStorage`` that keeps its own running trials (see :func:`driver_storage`)."""
     if _driver_storage:
         return _driver_storage[0]
+    import datetime
+    import json
     import time
 
     import optuna
     from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
+    from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
+    from sqlalchemy.exc import IntegrityError
 
     running = optuna.trial.TrialState.RUNNING
     from optuna.trial import FrozenTrial
@@ -88,8 +99,10 @@ def _driver_storage_class() -> type:
             self._seen: dict[int, int] = {}  # study id -> the largest trial id read
             self._resync = resync
             self._synced: dict[int, float] = {}  # study id -> time.monotonic() of its last full read
-            # trial id -> parameters not written yet: (name, internal value, distribution, the study's)
-            self._params: dict[int, list[tuple[str, float, Any, Any]]] = {}
+            # trial id -> parameters not written yet: (name, internal value, distribution), checked against the study's
+            self._params: dict[int, list[tuple[str, float, Any]]] = {}
+            # trial id -> attributes not written yet: (a user attribute?, key) -> value
+            self._attrs: dict[int, dict[tuple[bool, str], Any]] = {}
 
         def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
             trial_id: int = super().create_new_trial(study_id, template_trial)
@@ -109,7 +122,7 @@ def _driver_storage_class() -> type:
                 return  # read less than `fresh` s ago: the copies serve
             self._read[study_id] = now
             if full:
-                self.flush_params()  # a full read replaces this driver's copies with the database's
+                self.flush_held()  # a full read replaces this driver's copies with the database's
             with self._lock:
                 study = self._studies.setdefault(study_id, _StudyInfo())
                 if full:
@@ -149,35 +162,56 @@ def _driver_storage_class() -> type:
                     study.unfinished_trial_ids.discard(trial_id)
                 self._classify(study_id, study, trial)
 
-        def flush_params(self) -> None:
-            """Write the parameters :meth:`set_trial_param` holds, all trials' in one transaction (a
-            trial finished meanwhile, failed as stale by another launch, is read back instead)."""
+        def flush_held(self) -> None:
+            """Write the parameters and attributes held, all trials' in one transaction (a trial
+            finished meanwhile, failed as stale by another launch, is read back instead)."""
             with self._lock:
-                held, self._params = self._params, {}
+                held = {tid: self._take(tid) for tid in {*self._params, *self._attrs}}
             if not held:
                 return
-
-            def write(session: Any, trial_id: int) -> None:
-                for name, value, distribution, known in held[trial_id]:
-                    self._backend._set_trial_param_without_commit(session, trial_id, name, value, distribution,
-                                                                  known)
-
             try:
                 with _create_scoped_session(self._backend.scoped_session, True) as session:
-                    for trial_id in held:
-                        write(session, trial_id)
+                    for trial_id, writes in held.items():
+                        self._write(session, self._updatable(session, trial_id), *writes)
             except optuna.exceptions.UpdateFinishedTrialError:  # one trial failed by another launch
-                for trial_id in held:
+                for trial_id, writes in held.items():
                     try:
                         with _create_scoped_session(self._backend.scoped_session, True) as session:
-                            write(session, trial_id)
+                            self._write(session, self._updatable(session, trial_id), *writes)
                     except optuna.exceptions.UpdateFinishedTrialError:
                         self._reread(trial_id)
 
+        def _take(self, trial_id: int) -> Held:
+            """What is held for ``trial_id`` (its parameters, its attributes), no longer held. Under the lock."""
+            return self._params.pop(trial_id, []), self._attrs.pop(trial_id, {})
+
+        def _restore(self, held: Mapping[int, Held]) -> None:
+            """Hold again what a transaction that failed on a key did not write (before anything held since)."""
+            with self._lock:
+                for trial_id, (params, attrs) in held.items():
+                    self._params[trial_id] = [*params, *self._params.get(trial_id, [])]
+                    self._attrs[trial_id] = {**attrs, **self._attrs.get(trial_id, {})}
+
+        def _updatable(self, session: Any, trial_id: int) -> Any:
+            """The trial's row, for update; raises ``UpdateFinishedTrialError`` if it has finished."""
+            trial = models.TrialModel.find_or_raise_by_id(trial_id, session, for_update=True)
+            self._backend.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[arg-type]
+            return trial
+
+        def _write(self, session: Any, trial: Any, params: Sequence[tuple[str, float, Any]],
+                   attrs: Mapping[tuple[bool, str], Any]) -> None:
+            """Add the held ``params`` (their distributions checked already) and ``attrs`` of ``trial``."""
+            session.add_all([models.TrialParamModel(trial_id=trial.trial_id, param_name=name, param_value=value,
+                                                    distribution_json=optuna.distributions.distribution_to_json(d))
+                             for name, value, d in params])
+            for (user, key), value in attrs.items():
+                kind = models.TrialUserAttributeModel if user else models.TrialSystemAttributeModel
+                self._backend._set_trial_attr_without_commit(session, kind, trial.trial_id, key, value)
+
         def _through(self, trial_id: int, write: Callable[[], Any]) -> Any:
-            """``write()`` to the database, after the parameters held; where the trial has finished
-            already (another launch failed it as stale), read it back, then raise as the database did."""
-            self.flush_params()
+            """``write()`` to the database, after what is held; where the trial has finished already
+            (another launch failed it as stale), read it back, then raise as the database did."""
+            self.flush_held()
             try:
                 return write()
             except optuna.exceptions.UpdateFinishedTrialError:
@@ -213,8 +247,7 @@ def _driver_storage_class() -> type:
             if known is not None:
                 optuna.distributions.check_distribution_compatibility(known, distribution)
                 with self._lock:
-                    self._params.setdefault(trial_id, []).append(
-                        (param_name, param_value_internal, distribution, known))
+                    self._params.setdefault(trial_id, []).append((param_name, param_value_internal, distribution))
             else:
                 self._through(trial_id, lambda: super(DriverStorage, self).set_trial_param(
                     trial_id, param_name, param_value_internal, distribution))
@@ -228,11 +261,46 @@ def _driver_storage_class() -> type:
 
         def set_trial_state_values(self, trial_id: int, state: optuna.trial.TrialState,
                                    values: Sequence[float] | None = None) -> bool:
+            if state.is_finished() and self._finish(trial_id, state, values):
+                return True
             changed: bool = self._through(
                 trial_id, lambda: super(DriverStorage, self).set_trial_state_values(trial_id, state, values))
             if changed:
                 self._reread(trial_id, started=state == running)
             return changed
+
+        def _finish(self, trial_id: int, state: optuna.trial.TrialState, values: Sequence[float] | None) -> bool:
+            """Finish this driver's running trial ``trial_id``: what it holds, its values and state in
+            one transaction (as ``RDBStorage.set_trial_state_values``), then its copy here, as the
+            database now has it. False, with nothing written, for a trial not this driver's."""
+            with self._lock:
+                if trial_id not in self._own:
+                    return False
+                writes = self._take(trial_id)
+            now = datetime.datetime.now()
+            try:
+                with _create_scoped_session(self._backend.scoped_session) as session:
+                    trial = self._updatable(session, trial_id)
+                    self._write(session, trial, *writes)
+                    for objective, value in enumerate(values or ()):
+                        self._backend._set_trial_value_without_commit(session, trial, objective, value)
+                    trial.state, trial.datetime_complete = state, now
+            except optuna.exceptions.UpdateFinishedTrialError:  # failed as stale by another launch
+                self._reread(trial_id)
+                raise
+            except IntegrityError:  # as Optuna's: held again, then written one by one (``_through``)
+                self._restore({trial_id: writes})
+                return False
+
+            def change(t: FrozenTrial) -> None:
+                t.state, t.values, t.datetime_complete = state, None if values is None else list(values), now
+
+            self._change(trial_id, change)
+            with self._lock:
+                study_id, number = self._trial_id_to_study_id_and_number[trial_id]
+                study = self._studies[study_id]
+                self._classify(study_id, study, study.trials[number])
+            return True
 
         def set_trial_intermediate_value(self, trial_id: int, step: int, intermediate_value: float) -> None:
             self._through(trial_id, lambda: super(DriverStorage, self).set_trial_intermediate_value(
@@ -240,12 +308,24 @@ def _driver_storage_class() -> type:
             self.held_values(trial_id, {step: intermediate_value}, replace=True)
 
         def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-            self._through(trial_id, lambda: super(DriverStorage, self).set_trial_user_attr(trial_id, key, value))
+            if not self._hold(trial_id, True, key, value):
+                self._through(trial_id, lambda: super(DriverStorage, self).set_trial_user_attr(trial_id, key, value))
             self._change(trial_id, lambda t: setattr(t, "user_attrs", {**t.user_attrs, key: value}))
 
         def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-            self._through(trial_id, lambda: super(DriverStorage, self).set_trial_system_attr(trial_id, key, value))
+            if not self._hold(trial_id, False, key, value):
+                self._through(trial_id, lambda: super(DriverStorage, self).set_trial_system_attr(trial_id, key, value))
             self._change(trial_id, lambda t: setattr(t, "system_attrs", {**t.system_attrs, key: value}))
+
+        def _hold(self, trial_id: int, user: bool, key: str, value: Any) -> bool:
+            """Hold an attribute of this driver's running trial, to be written with its others; False
+            for another trial's (written at once)."""
+            json.dumps(value)  # not JSON: raised here, as the database would
+            with self._lock:
+                if trial_id not in self._own:
+                    return False
+                self._attrs.setdefault(trial_id, {})[(user, key)] = value
+                return True
 
         def held_values(self, trial_id: int, values: Mapping[int, float], replace: bool = False) -> None:
             """Intermediate values written to the database without this storage: a step held already
