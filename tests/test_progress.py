@@ -237,3 +237,20 @@ def test_piped_launch_and_verify_print_each_event_on_one_line(tmp_path: Path) ->
     runs = [line for line in result.stdout.splitlines() if line.startswith("[verify ")]
     assert runs and runs[-1].startswith("[verify 2/2 ") and all("] best.yaml seed " in line for line in runs)
     assert "trial 0" not in result.stdout
+
+
+def test_the_estimate_is_made_at_most_once_a_second_and_counts_down_between() -> None:
+    """A cluster ends trials ten a second; each line's estimate reads every trial in flight
+    (``Eta.left``): it is made again once a second, and counted down by the clock between."""
+    launch = FakeLaunch(WORK)
+    launch.trial(0, WORK.seeds)  # measured: an estimate is known
+    made = []
+    real = launch.view.eta.left
+    launch.view.eta.left = lambda: made.append(launch.now) or real()  # type: ignore[method-assign]
+    shown = []
+    launch.now += 5.0  # the last estimate (the trial's lines) is 5 s old
+    for _ in range(20):  # 20 lines in 2 s
+        launch.now += 0.1
+        shown.append(seconds_left(launch.view.clock()))
+    assert len(made) == 2 and made[1] - made[0] == pytest.approx(1.0)
+    assert shown[:10] == sorted(shown[:10], reverse=True) and shown[0] > shown[9]  # counted down within the second

@@ -34,6 +34,7 @@ from tuner.records import Phase, RunRecord, RunStatus, TrainConfig, TrialOutcome
 
 PIPED_WIDTH = 120  # piped or redirected: the width tables are laid out in (their cells wrap); lines never wrap
 LIVE_REFRESH = 2  # redraws a second of the live view: the clock moves, and a terminal log stays small
+ESTIMATE_S = 1.0  # seconds between two estimates of the time left (ProgressView.clock)
 _RUN_LINES = (Phase.VERIFY, Phase.MARGIN)  # phases whose runs get a line each when not live
 
 
@@ -85,6 +86,7 @@ class ProgressView:
         self.done: list[TrialRecord] = []
         self._live: Live | None = None
         self._started = clock()
+        self._left: tuple[float, float | None] | None = None  # (when, the estimate then): at most one a second
 
     def __enter__(self) -> ProgressView:
         self._started = self._clock()
@@ -153,9 +155,14 @@ class ProgressView:
 
     def clock(self) -> str:
         """``1m05s elapsed, ~3m20s left``: the time so far and the estimate of what is left
-        (``tuner.driver.eta``; not shown before a run has trained measurably, nor once nothing is left)."""
-        text = f"{_duration(self._clock() - self._started)} elapsed"
-        left = self.eta.left()
+        (``tuner.driver.eta``, made again at most every ``ESTIMATE_S`` seconds and counted down
+        between; not shown before a run has trained measurably, nor once nothing is left)."""
+        now = self._clock()
+        text = f"{_duration(now - self._started)} elapsed"
+        if self._left is None or now - self._left[0] >= ESTIMATE_S:  # O(trials in flight): 13 % of a trial's
+            self._left = (now, self.eta.left())                       # end at 500 slots when made each line
+        when, left = self._left
+        left = None if left is None else left - (now - when)
         if left is not None and left >= 1.0:
             text += f", ~{_duration(left)} left"
         return text
