@@ -6,6 +6,7 @@ Optuna's own cache; it fails open."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -202,10 +203,10 @@ def test_a_trials_parameters_are_written_in_one_transaction_and_checked_at_once(
         study.ask().suggest_int("a", 0, 3)  # as through Optuna's own storage: at the suggestion
 
 
-def test_a_trials_life_as_the_search_writes_it_takes_five_commits_and_ends_as_stored(tmp_path: Path) -> None:
-    """Asked, claimed (heartbeat, owner), suggested (TPE's attribute too), its values in a batch, its
-    record and its end: 5 commits (8 when each attribute was a transaction of its own), and its copy
-    here, finished in memory, is the database's to the microsecond."""
+def test_a_trials_life_as_the_search_writes_it_takes_four_commits_and_ends_as_stored(tmp_path: Path) -> None:
+    """Asked, claimed (first heartbeat, owner), suggested (TPE's attribute too), its values in a batch,
+    its record and its end: 4 commits (8 when each attribute and the first beat were a transaction of
+    their own), and its copy here, finished in memory, is the database's to the microsecond."""
     url = f"sqlite:///{tmp_path / 'o.db'}"
     backend = optuna.storages.RDBStorage(url, heartbeat_interval=60)
     study = optuna.create_study(study_name="s", storage=hooks.driver_storage(backend, resync=3600.0))
@@ -221,12 +222,14 @@ def test_a_trials_life_as_the_search_writes_it_takes_five_commits_and_ends_as_st
         trial.suggest_float("lr", 1e-4, 1.0, log=True)
         hooks.flush_held(study)
         assert _stored(url)[trial.number][5] == {"tuner.driver": "d1"}  # written with the parameters
+        assert backend._get_stale_trial_ids(study._study_id) == []  # and the first beat
+        assert _beats(backend) == [trial._trial_id]
         assert hooks.insert_intermediate_values([(trial, {25: 0.5, 50: 0.3})])
         trial.set_user_attr("tuner.record", {"state": "x"})
         assert optuna.load_study(study_name="s", storage=url).trials[trial.number].user_attrs == {
             "tuner.driver": "d1"}  # held until its end
         tell(trial)
-        assert len(commits) - start == 5
+        assert len(commits) - start == 4
         stored = optuna.load_study(study_name="s", storage=url).trials[trial.number]
         mine = study.get_trials()[trial.number]
         assert stored.user_attrs == {"tuner.driver": "d1", "tuner.record": {"state": "x"}}
@@ -236,6 +239,56 @@ def test_a_trials_life_as_the_search_writes_it_takes_five_commits_and_ends_as_st
     assert _view(study) == _stored(url)
     with pytest.raises(TypeError):  # not JSON: at once, as Optuna's storage raises
         study.ask().set_user_attr("bad", object())
+
+
+def _beats(backend: optuna.storages.RDBStorage) -> list[int]:
+    """The ids of the running trials that have a heartbeat row."""
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(backend.scoped_session) as session:
+        return sorted(tid for (tid,) in session.query(models.TrialHeartbeatModel.trial_id)
+                      .join(models.TrialModel, models.TrialModel.trial_id == models.TrialHeartbeatModel.trial_id)
+                      .filter(models.TrialModel.state == optuna.trial.TrialState.RUNNING))
+
+
+def test_a_first_beat_the_heartbeat_thread_wrote_first_costs_nothing_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat thread beats a trial between its claim and its first write: the held first beat
+    is not written twice, and the parameters and tag held with it are written all the same, whether
+    the flush sees the thread's row or the row comes between its look and its commit."""
+    from optuna.storages._rdb import models
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    backend = optuna.storages.RDBStorage(url, heartbeat_interval=60)
+    study = optuna.create_study(study_name="s", storage=hooks.driver_storage(backend, resync=3600.0))
+    study.ask().suggest_float("x", 0.0, 1.0)
+    storage: Any = study._storage
+    real = type(storage)._write
+
+    def late(self: Any, session: Any, trial: Any, params: Any, attrs: Any, beat: bool) -> None:
+        if beat:  # it looked (no row yet), then the thread's row was committed: its add clashes
+            thread = threading.Thread(target=hooks.record_heartbeats, args=(study, [trial.trial_id]))
+            thread.start()
+            thread.join()
+            session.add(models.TrialHeartbeatModel(trial_id=trial.trial_id))
+        real(self, session, trial, params, attrs, False)
+
+    for race in (False, True):
+        trial = study.ask()
+        assert hooks.record_heartbeat(study, trial._trial_id)  # held
+        trial.set_user_attr("tuner.driver", "d1")
+        trial.suggest_float("x", 0.0, 1.0)
+        if race:
+            monkeypatch.setattr(type(storage), "_write", late)
+        else:
+            hooks.record_heartbeats(study, [trial._trial_id])  # the thread, before the flush looks
+        hooks.flush_held(study)
+        stored = optuna.load_study(study_name="s", storage=url).trials[trial.number]
+        assert stored.params == trial.params and stored.user_attrs == {"tuner.driver": "d1"}
+        assert trial._trial_id in _beats(backend)
+        study.tell(trial, 0.5)
 
 
 def test_parameters_held_for_a_trial_another_launch_failed_do_not_hold_back_the_others(tmp_path: Path) -> None:

@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 RESYNC_S = 30.0  # seconds between two full reads of a driver's running trials (:func:`driver_storage`)
 FRESH_S = 0.5  # seconds within which a read serves the copies without asking the database (:func:`driver_storage`)
 _driver_storage: list[type] = []  # the DriverStorage class, made once Optuna is imported
-# what a driver storage holds for a trial: its parameters (name, internal value, distribution) and its
-# attributes ((a user attribute?, key) -> value)
-Held = tuple[list[tuple[str, float, Any]], dict[tuple[bool, str], Any]]
+# what a driver storage holds for a trial: its parameters (name, internal value, distribution), its
+# attributes ((a user attribute?, key) -> value), and whether its first heartbeat
+Held = tuple[list[tuple[str, float, Any]], dict[tuple[bool, str], Any], bool]
 
 
 def driver_storage(backend: RDBStorage, resync: float = RESYNC_S, fresh: float = FRESH_S) -> BaseStorage:
@@ -44,7 +44,7 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S, fresh: float =
     state and values in one transaction, and its copy finished in memory. A state it starts (an
     enqueued trial) is read back from the database (one trial). Batched and deleted intermediate
     values (:func:`insert_intermediate_values`, :func:`delete_intermediate_values_from`) update the
-    copies too. A trial the search runs takes 5 commits, 8 when each attribute was one
+    copies too. A trial the search runs takes 4 commits, 8 when each attribute and its first heartbeat were one
     (``tests/test_driver_storage.py``).
 
     Fails open: when Optuna's cache or its RDB internals are not where this looks
@@ -103,6 +103,8 @@ def _driver_storage_class() -> type:
             self._params: dict[int, list[tuple[str, float, Any]]] = {}
             # trial id -> attributes not written yet: (a user attribute?, key) -> value
             self._attrs: dict[int, dict[tuple[bool, str], Any]] = {}
+            self._beats: set[int] = set()  # ids of this driver's trials whose first heartbeat is held
+            self._beaten: set[int] = set()  # ids of this driver's trials whose first heartbeat was held once
 
         def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
             trial_id: int = super().create_new_trial(study_id, template_trial)
@@ -143,6 +145,7 @@ def _driver_storage_class() -> type:
             self._seen[study_id] = max(self._seen.get(study_id, -1), tid)
             if trial.state.is_finished():
                 self._own.discard(tid)
+                self._beaten.discard(tid)
                 study.unfinished_trial_ids.discard(tid)
                 study.last_finished_trial_id = max(study.last_finished_trial_id, tid)
             elif tid not in self._own:
@@ -163,14 +166,20 @@ def _driver_storage_class() -> type:
                 self._classify(study_id, study, trial)
 
         def flush_held(self) -> None:
-            """Write the parameters and attributes held, all trials' in one transaction (a trial
-            finished meanwhile, failed as stale by another launch, is read back instead)."""
+            """Write what is held, all trials' in one transaction (a trial finished meanwhile, failed
+            as stale by another launch, is read back instead)."""
             with self._lock:
-                held = {tid: self._take(tid) for tid in {*self._params, *self._attrs}}
+                held = {tid: self._take(tid) for tid in {*self._params, *self._attrs, *self._beats}}
             if not held:
                 return
             try:
-                with _create_scoped_session(self._backend.scoped_session, True) as session:
+                self._flush(held, ignore=False)
+            except IntegrityError:  # the heartbeat thread wrote a first beat meanwhile: again, without them
+                self._flush({tid: (params, attrs, False) for tid, (params, attrs, _) in held.items()}, ignore=True)
+
+        def _flush(self, held: Mapping[int, Held], ignore: bool) -> None:
+            try:
+                with _create_scoped_session(self._backend.scoped_session, ignore) as session:
                     for trial_id, writes in held.items():
                         self._write(session, self._updatable(session, trial_id), *writes)
             except optuna.exceptions.UpdateFinishedTrialError:  # one trial failed by another launch
@@ -182,13 +191,15 @@ def _driver_storage_class() -> type:
                         self._reread(trial_id)
 
         def _take(self, trial_id: int) -> Held:
-            """What is held for ``trial_id`` (its parameters, its attributes), no longer held. Under the lock."""
-            return self._params.pop(trial_id, []), self._attrs.pop(trial_id, {})
+            """What is held for ``trial_id``, no longer held. Under the lock."""
+            beat = trial_id in self._beats
+            self._beats.discard(trial_id)
+            return self._params.pop(trial_id, []), self._attrs.pop(trial_id, {}), beat
 
         def _restore(self, held: Mapping[int, Held]) -> None:
             """Hold again what a transaction that failed on a key did not write (before anything held since)."""
             with self._lock:
-                for trial_id, (params, attrs) in held.items():
+                for trial_id, (params, attrs, _) in held.items():
                     self._params[trial_id] = [*params, *self._params.get(trial_id, [])]
                     self._attrs[trial_id] = {**attrs, **self._attrs.get(trial_id, {})}
 
@@ -199,8 +210,12 @@ def _driver_storage_class() -> type:
             return trial
 
         def _write(self, session: Any, trial: Any, params: Sequence[tuple[str, float, Any]],
-                   attrs: Mapping[tuple[bool, str], Any]) -> None:
-            """Add the held ``params`` (their distributions checked already) and ``attrs`` of ``trial``."""
+                   attrs: Mapping[tuple[bool, str], Any], beat: bool) -> None:
+            """Add the held ``params`` (their distributions checked already), ``attrs`` and first
+            ``beat`` of ``trial``."""
+            if beat and session.query(models.TrialHeartbeatModel.trial_id).filter(
+                    models.TrialHeartbeatModel.trial_id == trial.trial_id).first() is None:
+                session.add(models.TrialHeartbeatModel(trial_id=trial.trial_id))
             session.add_all([models.TrialParamModel(trial_id=trial.trial_id, param_name=name, param_value=value,
                                                     distribution_json=optuna.distributions.distribution_to_json(d))
                              for name, value, d in params])
@@ -316,6 +331,17 @@ def _driver_storage_class() -> type:
             if not self._hold(trial_id, False, key, value):
                 self._through(trial_id, lambda: super(DriverStorage, self).set_trial_system_attr(trial_id, key, value))
             self._change(trial_id, lambda t: setattr(t, "system_attrs", {**t.system_attrs, key: value}))
+
+        def record_heartbeat(self, trial_id: int) -> None:
+            """A trial's first heartbeat is held, written with its parameters and owner tag (so that
+            a trial tagged as a driver's has a heartbeat: one transaction, one commit fewer); the
+            others (``tuner.hooks.record_heartbeats`` writes them in batches) go to the database."""
+            with self._lock:
+                if trial_id in self._own and trial_id not in self._beaten:
+                    self._beaten.add(trial_id)
+                    self._beats.add(trial_id)
+                    return
+            super().record_heartbeat(trial_id)
 
         def _hold(self, trial_id: int, user: bool, key: str, value: Any) -> bool:
             """Hold an attribute of this driver's running trial, to be written with its others; False
