@@ -357,22 +357,22 @@ def _search_class() -> type:
 
     class Timed(Search):
         """The search loop, timing each ask (ask + suggestions + the parameters' write: what
-        ``Search._start_trial`` spends before it submits) against the seed runs in flight."""
+        ``Search._ask`` spends, for a free slot or ahead) against the seed runs in flight."""
 
         asks: list[tuple[int, float]]
 
-        def _start_trial(self) -> bool:
+        def _ask(self) -> Any:
             started = time.perf_counter()
             inflight = self.executor.slots - self.executor.free()
             try:
-                return bool(super()._start_trial())
+                return super()._ask()
             finally:
                 self.asks.append((inflight, time.perf_counter() - started))
 
         def in_flight(self) -> set[int]:
-            """The trials the window's end left running (a launch's stop would fail them; here they
-            stay RUNNING, and every other trial must be terminal)."""
-            return set(self._active)
+            """The trials the window's end left running, started or asked ahead (a launch's stop
+            would fail them; here they stay RUNNING, and every other trial must be terminal)."""
+            return set(self._active) | {trial.number for trial, _ in self._ready}
 
         def ask_figures(self) -> dict[str, float]:
             top = max((n for n, _ in self.asks), default=0)

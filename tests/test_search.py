@@ -549,3 +549,33 @@ def test_the_pruner_is_asked_only_between_its_first_and_last_step() -> None:
     assert prune_end(search.study.pruner) == 100 and asked  # it was asked, and never past step 100
     assert min(asked) >= 40 and max(asked) <= 100
     assert prune_end(optuna.pruners.MedianPruner()) == 0  # Optuna's own pruners: any step
+
+
+class Waiting(FakeExecutor):
+    """A cluster where every other poll finds nothing due (the loop's idle time)."""
+
+    waits = 0
+
+    def poll(self, timeout: float) -> list[RunRecord]:
+        self.waits += 1
+        return super().poll(timeout) if self.waits % 2 else []
+
+
+@pytest.mark.parametrize("ahead", [0, 3])
+def test_a_large_cluster_asks_trials_ahead_while_nothing_is_due_and_starts_them_as_slots_free(ahead: int) -> None:
+    """``asks_ahead``: when nothing is due and no slot is free, the loop asks a trial (claimed,
+    suggested, written) and starts it the moment a slot frees; it asks no trial more than owed, and
+    every trial ends terminal. Without it (below ``AHEAD_FROM`` slots), a trial is asked only for a
+    free slot."""
+    assert search_module.asks_ahead(search_module.AHEAD_FROM - 1) == 0 and search_module.asks_ahead(500) == 50
+    executor = Waiting(slots=4)
+    search = make_search(12, executor, optuna.samplers.RandomSampler(seed=0))
+    search.ahead = ahead
+    free_at: list[int] = []  # the free slots at each ask
+    real = search.study.ask
+    search.study.ask = lambda *a, **k: free_at.append(executor.free()) or real(*a, **k)  # type: ignore[method-assign]
+    outcomes = search.run()
+    trials = search.study.get_trials(deepcopy=False)
+    assert len(trials) == len(outcomes) == len(free_at) == 12 and all(t.state.is_finished() for t in trials)
+    assert (0 in free_at) == bool(ahead)  # asked with every slot busy
+    assert len({s.trial for s in executor.submitted}) == 12

@@ -21,6 +21,7 @@ import logging
 import statistics
 import time
 import warnings
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -44,6 +45,17 @@ log = logging.getLogger(__name__)
 _MAX_DUPLICATES = 20  # duplicates asked in one launch after which the space counts as exhausted
 _FILL_S = 0.1  # seconds of asking after which the loop polls the runs in flight (0.5 s let a wave of trial ends
 # hold records back: 200 slots, max lag 2.3-2.8 s against 0.63 s; BENCHMARKS.md, "Asking in shorter bursts")
+AHEAD_FROM = 64  # slots from which the loop asks trials ahead while nothing is due (:func:`asks_ahead`)
+
+
+def asks_ahead(slots: int) -> int:
+    """How many trials the loop keeps asked ahead on a cluster of ``slots``: a tenth of them from
+    ``AHEAD_FROM`` slots on, none below. Runs of one length end in waves (a cohort started together
+    ends together), and a wave's trials ended faster than the loop asked: at 500 slots up to 113
+    stood empty while the loop, between waves, waited 39 % of its time (BENCHMARKS.md). A trial asked
+    ahead is started at once when a slot frees. On a small cluster it would be asked before results
+    TPE could have seen, for no gain: there the loop keeps up."""
+    return slots // 10 if slots >= AHEAD_FROM else 0
 
 
 @dataclass(frozen=True)
@@ -109,7 +121,7 @@ class Search:
 
     def __init__(self, study: optuna.Study, space: SearchSpace, model: str, executor: Executor, budget: Budget,
                  callbacks: Sequence[Callback] = (), skip: Skip | None = None, stream: SeedStream | None = None,
-                 liveness: Liveness | None = None, seeding: SeedPolicy | None = None) -> None:
+                 liveness: Liveness | None = None, seeding: SeedPolicy | None = None, ahead: int | None = None) -> None:
         self.study, self.space, self.model = study, space, model
         self.skip = skip or Skip()  # samples the data preflight left out of every run
         self.executor, self.budget, self.callbacks = executor, budget, list(callbacks)
@@ -126,6 +138,9 @@ class Search:
         self.liveness = liveness  # heartbeats and a study shared with other drivers (None: this one alone)
         self._open: tuple[float, int, int] = (0.0, 0, 0)  # (when counted, trials to ask, others' running)
         self.duplicates = 0  # trials asked whose config the study already held (told FAIL, not trained)
+        # trials asked ahead (claimed, suggested, written; not started): see asks_ahead
+        self.ahead = asks_ahead(getattr(executor, "slots", 0)) if ahead is None else ahead
+        self._ready: deque[tuple[optuna.trial.Trial, TrainConfig]] = deque()
 
     def run(self, trials: int | None = None) -> list[TrialOutcome]:
         """Ask and finish ``trials`` trials (default: the budget's), then return their outcomes.
@@ -142,23 +157,40 @@ class Search:
                 to_ask, others = self._study_open()
             deadline = time.monotonic() + _FILL_S
             while self._can_ask(to_ask):
-                if self._start_trial():
-                    to_ask -= 1
-                    self._open = (self._open[0], self._open[1] - 1, self._open[2])
+                if self._ready:
+                    self._begin(*self._ready.popleft())
+                elif self._start_trial():
+                    to_ask = self._asked(to_ask)
                 if time.monotonic() >= deadline:
                     break  # poll the runs in flight, then ask on
-            if not self._active and (to_ask <= 0 or self.duplicates >= _MAX_DUPLICATES):
+            if not self._active and not self._ready and (to_ask <= 0 or self.duplicates >= _MAX_DUPLICATES):
                 if not others:
                     return self.outcomes
                 time.sleep(0.5)  # only other drivers' trials are left: wait for them to end or go stale
-            for record in self.executor.poll(timeout=0.0 if self._can_ask(to_ask) else 0.5):
+            ahead = not self._can_ask(to_ask) and len(self._ready) < self.ahead and self._may_ask(to_ask)
+            records = self.executor.poll(timeout=0.0 if self._can_ask(to_ask) or ahead else 0.5)
+            if ahead and not records:  # nothing due: ask a trial now, to start when a slot frees
+                asked = self._ask()
+                if asked is not None:
+                    self._ready.append(asked)
+                    to_ask = self._asked(to_ask)
+            for record in records:
                 self._on_record(record)
             signals.raise_if_dropped()
             self._reports.flush_due()
 
     def _can_ask(self, to_ask: int) -> bool:
-        """Whether a trial is to be asked now: one is owed, a slot is free, the space is not exhausted."""
-        return to_ask > 0 and self.executor.free() > 0 and self.duplicates < _MAX_DUPLICATES
+        """Whether a trial is to be started now: a slot is free, and one is asked ahead or may be asked."""
+        return self.executor.free() > 0 and (bool(self._ready) or self._may_ask(to_ask))
+
+    def _may_ask(self, to_ask: int) -> bool:
+        """Whether a trial may be asked: one is owed and the space is not exhausted."""
+        return to_ask > 0 and self.duplicates < _MAX_DUPLICATES
+
+    def _asked(self, to_ask: int) -> int:
+        """Count a trial asked: the trials still owed, here and in the study's count."""
+        self._open = (self._open[0], self._open[1] - 1, self._open[2])
+        return to_ask - 1
 
     def _study_open(self) -> tuple[int, int]:
         """(trials to ask, other drivers' running trials), counted in the study at most once a second."""
@@ -169,6 +201,15 @@ class Search:
 
     def _start_trial(self) -> bool:
         """Ask a trial and submit its search runs; False if its config was already trained (told FAIL)."""
+        asked = self._ask()
+        if asked is None:
+            return False
+        self._begin(*asked)
+        return True
+
+    def _ask(self) -> tuple[optuna.trial.Trial, TrainConfig] | None:
+        """Ask a trial, claim it, suggest its config and write it; None if the config was already
+        trained (the trial told FAIL)."""
         trial = self.study.ask()
         if self.liveness is not None:
             self.liveness.claim(trial)
@@ -177,14 +218,17 @@ class Search:
         twin = self._twin(trial)
         if twin is not None:
             self._skip_duplicate(trial, twin)
-            return False
+            return None
+        return trial, config
+
+    def _begin(self, trial: optuna.trial.Trial, config: TrainConfig) -> None:
+        """Submit an asked trial's first search runs."""
         seeds = self.stream.search(trial.number, self.budget.seeds)
         first = self.seeding.first(seeds)
         self._active[trial.number] = _Trial(trial, config, first, deferred=seeds[len(first):])
         for cb in self.callbacks:
             cb.on_trial_start(trial.number, config, seeds)
         self._submit(trial.number, config, first, Phase.SEARCH)
-        return True
 
     def _twin(self, trial: optuna.trial.Trial) -> int | None:
         """The earlier launch's trial whose config this one repeats (a resumed study never replays a
