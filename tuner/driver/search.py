@@ -116,7 +116,8 @@ class Search:
 
     ``stream`` gives every run its seed; ``seeding`` decides which search seeds run first (default:
     the one the study's pruner carries, ``tuner.driver.seeding.seed_policy``); ``self.racing``
-    (``tuner.driver.racing``) which trials earn race seeds.
+    (``tuner.driver.racing``) which trials earn race seeds; ``ahead`` how many trials the loop keeps
+    asked ahead while nothing is due (default: :func:`asks_ahead` of the executor's slots).
     """
 
     def __init__(self, study: optuna.Study, space: SearchSpace, model: str, executor: Executor, budget: Budget,

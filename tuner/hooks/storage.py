@@ -291,7 +291,8 @@ def _driver_storage_class() -> type:
             with self._lock:
                 if trial_id not in self._own:
                     return False
-                writes = self._take(trial_id)
+                params, attrs, _ = self._take(trial_id)  # a first beat held: none needed now
+                writes = (params, attrs, False)
             now = datetime.datetime.now()
             try:
                 with _create_scoped_session(self._backend.scoped_session) as session:
