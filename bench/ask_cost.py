@@ -77,7 +77,7 @@ def timed_asks(study: Any, space: Any, asks: int, window: int | None = None) -> 
     import optuna
 
     from tuner.driver.search import make_sampler
-    from tuner.hooks import flush_params
+    from tuner.hooks import flush_held
 
     study.sampler = make_sampler("tpe", 0, len(space.searched()))
     if window is not None:
@@ -89,7 +89,7 @@ def timed_asks(study: Any, space: Any, asks: int, window: int | None = None) -> 
             started = time.perf_counter()
             asked.append(study.ask())
             space.suggest(asked[-1])
-            flush_params(study)  # as Search._start_trial does
+            flush_held(study)  # as Search._ask does
             seconds.append(time.perf_counter() - started)
         for trial in asked:  # the trials in flight stay as many for the next setting (TPE reads no FAIL)
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -98,14 +98,14 @@ def timed_asks(study: Any, space: Any, asks: int, window: int | None = None) -> 
 
 def profile_ask(study: Any, space: Any, top: int = 15) -> str:
     """cProfile of one more ask: the functions with the most cumulative time."""
-    from tuner.hooks import flush_params
+    from tuner.hooks import flush_held
 
     profiler = cProfile.Profile()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         profiler.enable()
         space.suggest(study.ask())
-        flush_params(study)
+        flush_held(study)
         profiler.disable()
     out = io.StringIO()
     pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
