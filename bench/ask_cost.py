@@ -6,7 +6,7 @@ For each ``--inflight`` N the script builds a study as a launch on a large clust
 ``--steps``), and N running trials (each with the latest value the driver's batching has written);
 then it times ``--asks`` asks of tuner's sampler (TPE, multivariate, grouped, constant liar:
 ``tuner.driver.search.make_sampler``), each followed by the config's suggestions (``tuner.spaces``),
-as ``Search._start_trial`` does; through the storage a launch opens (``--cache driver``: an Optuna RDB
+as ``Search._ask`` does; through the storage a launch opens (``--cache driver``: an Optuna RDB
 storage with heartbeats that keeps the driver's running trials in memory, ``tuner.driver.liveness``
 and ``tuner.hooks.driver_storage``) and through Optuna's own cache over the same database
 (``--cache optuna``, what launches used before: it reads every trial in flight back at each read).

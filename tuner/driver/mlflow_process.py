@@ -100,16 +100,18 @@ class ClientProcess:
         self._start()
 
     def _discard(self) -> None:
-        """Close the socket and end the child (dead, or alive on a broken socket), so that the next
-        call starts another."""
+        """End the child at once (dead, or alive on a broken socket), so that the next call starts another."""
+        self._end(grace=0.0)
+
+    def _end(self, grace: float) -> None:
+        """Close the socket; the child gets ``grace`` seconds to exit, then is killed."""
         self._close_conn()
         if self._child is not None:
-            if self._child.poll() is None:
-                self._child.kill()
             try:
-                self._child.wait(10)
+                self._child.wait(grace)
             except subprocess.TimeoutExpired:
-                log.warning("the MLflow client process %d did not end when killed", self._child.pid)
+                self._child.kill()
+                self._child.wait()
             self._child = None
 
     def _close_conn(self) -> None:
@@ -131,14 +133,7 @@ class ClientProcess:
     def close(self, timeout: float = 10.0) -> None:
         """End the child: it finishes the call in hand and exits when the socket closes."""
         with self._lock:
-            self._close_conn()
-            if self._child is not None:
-                try:
-                    self._child.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    self._child.kill()
-                    self._child.wait()
-                self._child = None
+            self._end(grace=timeout)
 
 
 def _error(exc: BaseException) -> Exception:

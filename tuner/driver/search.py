@@ -168,8 +168,9 @@ class Search:
                 if not others:
                     return self.outcomes
                 time.sleep(0.5)  # only other drivers' trials are left: wait for them to end or go stale
-            ahead = not self._can_ask(to_ask) and len(self._ready) < self.ahead and self._may_ask(to_ask)
-            records = self.executor.poll(timeout=0.0 if self._can_ask(to_ask) or ahead else 0.5)
+            can = self._can_ask(to_ask)
+            ahead = not can and len(self._ready) < self.ahead and self._may_ask(to_ask)
+            records = self.executor.poll(timeout=0.0 if can or ahead else 0.5)
             if ahead and not records:  # nothing due: ask a trial now, to start when a slot frees
                 asked = self._ask()
                 if asked is not None:
