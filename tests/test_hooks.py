@@ -4,6 +4,7 @@ when the private API it reaches for is gone."""
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 import types
@@ -400,6 +401,57 @@ def test_windowed_tpe_reads_the_best_the_recent_and_the_running_trials_past_its_
     trial = study.ask()
     assert 1e-5 <= trial.suggest_float("x", 1e-5, 1.0, log=True) <= 1.0
     assert widths and max(widths) <= 5 + 20 + 4  # every read TPE made went through the window
+
+
+def _reported_study(sampler: optuna.samplers.BaseSampler, n: int = 60, in_flight: int = 3) -> optuna.Study:
+    """Trials that report a value every step before they end: every third stopped (PRUNED) after a
+    number of steps that varies, every fifth of those diverged (its last value NaN), the rest COMPLETE."""
+    study = optuna.create_study(sampler=sampler)
+    running: list[optuna.trial.Trial] = []
+    for _ in range(n):
+        trial = study.ask()
+        trial.suggest_float("x", 1e-5, 1.0, log=True), trial.suggest_float("y", -1.0, 1.0)
+        running.append(trial)
+        if len(running) <= in_flight:
+            continue
+        done = running.pop(0)
+        loss = (done.params["x"] - 0.01) ** 2 + done.params["y"] ** 2
+        steps = 3 + done.number % 11
+        for step in range(steps):
+            done.report(loss * (steps - step), step)
+        if done.number % 3 == 1:
+            if done.number % 5 == 1:
+                done.report(float("nan"), steps)
+            study.tell(done, state=optuna.trial.TrialState.PRUNED)
+        else:
+            study.tell(done, loss)
+    return study
+
+
+def test_windowed_tpe_reads_a_pruned_trials_last_value_only_and_suggests_as_tpe() -> None:
+    args = {"seed": 7, "multivariate": True, "constant_liar": True, "n_startup_trials": 5}
+    plain = _reported_study(optuna.samplers.TPESampler(**args))
+    sampler = hooks.windowed_tpe(window=1000, **args)
+    windowed = _reported_study(sampler)
+    assert [t.params for t in windowed.trials] == [t.params for t in plain.trials]  # suggestion for suggestion
+
+    trials = windowed.get_trials(deepcopy=False)
+    pruned = {t.number: t for t in trials if t.state is optuna.trial.TrialState.PRUNED}
+    assert len(pruned) > 10 and all(len(t.intermediate_values) > 1 for t in pruned.values())
+    seen = sampler.visible(windowed, trials)  # type: ignore[attr-defined]
+    assert [t.number for t in seen] == [t.number for t in trials]
+    for t in seen:
+        if t.number in pruned:
+            last = max(pruned[t.number].intermediate_values)
+            assert list(t.intermediate_values) == [last]
+            assert t.intermediate_values[last] == pruned[t.number].intermediate_values[last] or math.isnan(
+                t.intermediate_values[last])
+            assert t.params == pruned[t.number].params and t is not pruned[t.number]
+        else:
+            assert t is trials[t.number]  # complete and running trials as the study holds them
+    again = sampler.visible(windowed, trials)  # type: ignore[attr-defined]
+    assert all(a is b for a, b in zip(seen, again, strict=True))  # each made once
+    assert len(pruned[max(pruned)].intermediate_values) > 1  # the study's own trials are untouched
 
 
 def test_windowed_tpe_reads_every_trial_without_optunas_split(
