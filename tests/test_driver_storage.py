@@ -203,10 +203,12 @@ def test_a_trials_parameters_are_written_in_one_transaction_and_checked_at_once(
         study.ask().suggest_int("a", 0, 3)  # as through Optuna's own storage: at the suggestion
 
 
-def test_a_trials_life_as_the_search_writes_it_takes_four_commits_and_ends_as_stored(tmp_path: Path) -> None:
-    """Asked, claimed (first heartbeat, owner), suggested (TPE's attribute too), its values in a batch,
-    its record and its end: 4 commits (8 when each attribute and the first beat were a transaction of
-    their own), and its copy here, finished in memory, is the database's to the microsecond."""
+def test_a_trials_life_as_the_search_writes_it_takes_three_commits_and_ends_as_stored(tmp_path: Path) -> None:
+    """Asked, claimed (first heartbeat, owner), suggested (TPE's attribute too), its last values, its
+    record and its end: 3 commits of its own (8 when each attribute, the first beat and the last values
+    were a transaction of their own), and its copy here, finished in memory, is the database's to the
+    microsecond. (A running trial's latest value also goes in a batch every few seconds, one commit
+    for every trial running: counted here too.)"""
     url = f"sqlite:///{tmp_path / 'o.db'}"
     backend = optuna.storages.RDBStorage(url, heartbeat_interval=60)
     study = optuna.create_study(study_name="s", storage=hooks.driver_storage(backend, resync=3600.0))
@@ -224,14 +226,20 @@ def test_a_trials_life_as_the_search_writes_it_takes_four_commits_and_ends_as_st
         assert _stored(url)[trial.number][5] == {"tuner.driver": "d1"}  # written with the parameters
         assert backend._get_stale_trial_ids(study._study_id) == []  # and the first beat
         assert _beats(backend) == [trial._trial_id]
-        assert hooks.insert_intermediate_values([(trial, {25: 0.5, 50: 0.3})])
+        assert hooks.insert_intermediate_values([(trial, {25: 0.5})])  # the batch of the latest values
+        before_end = len(commits)
+        assert hooks.hold_intermediate_values(trial, {25: 0.9, 50: 0.3, 75: float("inf")})  # at its end
+        assert hooks.cached_trial(trial).intermediate_values == {25: 0.5, 50: 0.3, 75: float("inf")}
         trial.set_user_attr("tuner.record", {"state": "x"})
-        assert optuna.load_study(study_name="s", storage=url).trials[trial.number].user_attrs == {
-            "tuner.driver": "d1"}  # held until its end
+        held = optuna.load_study(study_name="s", storage=url).trials[trial.number]
+        assert held.user_attrs == {"tuner.driver": "d1"} and held.intermediate_values == {25: 0.5}  # until its end
+        assert len(commits) == before_end
         tell(trial)
         assert len(commits) - start == 4
         stored = optuna.load_study(study_name="s", storage=url).trials[trial.number]
         mine = study.get_trials()[trial.number]
+        assert stored.intermediate_values == {25: 0.5, 50: 0.3, 75: float("inf")}
+        assert mine.intermediate_values == stored.intermediate_values  # the first value of a step kept
         assert stored.user_attrs == {"tuner.driver": "d1", "tuner.record": {"state": "x"}}
         assert stored.system_attrs == mine.system_attrs == {"tpe:x": [1, 2]}
         assert (mine.state, mine.values, mine.datetime_complete) == (
@@ -267,13 +275,13 @@ def test_a_first_beat_the_heartbeat_thread_wrote_first_costs_nothing_held(
     storage: Any = study._storage
     real = type(storage)._write
 
-    def late(self: Any, session: Any, trial: Any, params: Any, attrs: Any, beat: bool) -> None:
+    def late(self: Any, session: Any, trial: Any, params: Any, attrs: Any, beat: bool, values: Any) -> None:
         if beat:  # it looked (no row yet), then the thread's row was committed: its add clashes
             thread = threading.Thread(target=hooks.record_heartbeats, args=(study, [trial.trial_id]))
             thread.start()
             thread.join()
             session.add(models.TrialHeartbeatModel(trial_id=trial.trial_id))
-        real(self, session, trial, params, attrs, False)
+        real(self, session, trial, params, attrs, False, values)
 
     for race in (False, True):
         trial = study.ask()

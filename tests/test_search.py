@@ -17,7 +17,9 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.storages import RDBStorage
 
+from tuner import hooks
 from tuner.driver import search as search_module
 from tuner.driver.evidence import SeedStream
 from tuner.driver.outcome import Callback, judge
@@ -127,7 +129,7 @@ def spec_seeds(trial: int) -> tuple[int, ...]:
 
 def make_search(trials: int, executor: FakeExecutor, sampler: optuna.samplers.BaseSampler,
                 race_seeds: int = 0, pruner: str = "none", callbacks: Sequence[Callback] = (),
-                storage: str | None = None) -> Search:
+                storage: str | optuna.storages.BaseStorage | None = None) -> Search:
     params = {"learning_rate": {"low": 1e-5, "high": 1.0, "log": True}}
     space = space_from(params, "fake", KNOBS, "<test>")
     study = optuna.create_study(direction="minimize", sampler=sampler, pruner=make_pruner(pruner, 200),
@@ -410,6 +412,37 @@ def test_search_behind_pruner_stops_a_trial_far_behind_the_best_only_once_three_
     assert behind.state == optuna.trial.TrialState.PRUNED and read(behind).divergence_step is None
     assert "at step 60 its loss was more than 1.5x the lowest loss a finished trial had" in read(behind).reason
     assert max(behind.intermediate_values) == 60  # the first report at or past a quarter of the steps
+
+
+def test_search_on_the_drivers_storage_stores_what_optunas_own_storage_stores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver's storage writes a trial's last values with its end (tuner.hooks.hold_intermediate_values):
+    survived, stopped and diverged trials (one diverging on its second seed before a step its first
+    reported: its values from there taken back) end in the database as through Optuna's own storage."""
+    lrs = [10**-2.5, 1e-5, 10**-2.45, 10**-2.55, 1e-5, 10**-2.52, 0.02, 10**-2.6]
+    stored, batches = [], []
+    insert = hooks.trials._insert_rows
+    monkeypatch.setattr(hooks.trials, "_insert_rows", lambda *a: batches.append(1) or insert(*a))
+    for name, wrap in (("own", lambda url: url), ("driver", lambda url: hooks.driver_storage(RDBStorage(url)))):
+        url = f"sqlite:///{tmp_path / name}.db"
+        executor = FakeExecutor(slots=2, at={spec_seeds(7)[1]: 70})
+        search = make_search(len(lrs), executor, optuna.samplers.RandomSampler(seed=0), pruner="behind",
+                             storage=wrap(url))
+        assert (type(search.study._storage).__name__ == "DriverStorage") == (name == "driver")
+        monkeypatch.setattr(search._reports, "flush_due", lambda: None)  # (progress only: time-dependent)
+        batches.clear()
+        for lr in lrs:
+            search.study.enqueue_trial({"learning_rate": lr})
+        outcomes = {o.number: o.state for o in search.run()}
+        assert {TrialState.SURVIVED, TrialState.STOPPED, TrialState.DIVERGED} <= set(outcomes.values())
+        fresh = optuna.load_study(study_name=search.study.study_name, storage=url).trials
+        stored.append([(t.state, t.value, str(t.intermediate_values), t.user_attrs[ATTR]["state"]) for t in fresh])
+        assert stored[-1] == [(t.state, t.value, str(t.intermediate_values), t.user_attrs[ATTR]["state"])
+                              for t in search.study.get_trials()]  # the driver's view is the database's
+        assert len(batches) >= len(lrs) if name == "own" else not batches  # with the trial's end instead
+    assert stored[0] == stored[1]
+    diverged = stored[1][7]
+    assert diverged[0] == optuna.trial.TrialState.PRUNED and diverged[2].endswith("70: nan}")
 
 
 def first_seed_search(pruner: optuna.pruners.BasePruner, lrs: Sequence[float]) -> tuple[Search, FakeExecutor]:

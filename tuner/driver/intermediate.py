@@ -7,7 +7,8 @@ driver's storage keeps its own running trials in memory, :func:`tuner.hooks.driv
 
 So the search keeps the values here. A running trial's latest value is written at once and then
 at most every ``every`` seconds (its progress shows in Optuna's storage); all of its values are
-written at the trial's end (before it is told). The pruner reads a running trial's values from
+written at the trial's end (before it is told; the driver's storage writes them in the transaction
+that ends it, :func:`tuner.hooks.hold_intermediate_values`). The pruner reads a running trial's values from
 the trial's own copy and only finished trials' from the storage, so it gets them in that copy
 (:meth:`Reports.show`), without a write per record it decides on. The values Optuna holds at the
 end are the same as with ``report``; TPE and the pruners read only finished trials' values, and
@@ -72,12 +73,15 @@ class Reports:
 
     def flush(self, trial: optuna.trial.Trial | None = None) -> None:
         """Write every value kept of ``trial`` (None: of every trial), in one transaction where the
-        storage allows it."""
+        storage allows it; a driver storage holds one trial's, to write them with the trial's next
+        write (:func:`tuner.hooks.hold_intermediate_values`: the search flushes a trial at its end)."""
         if trial is None:
             pending, self._pending, self._shown = self._pending, {}, {}
         else:
             item = self._pending.pop(trial.number, None)
             self._shown.pop(trial.number, None)
+            if item and hooks.hold_intermediate_values(trial, item[1]):
+                return  # the driver's storage writes them with the trial's next write (its end)
             pending = {trial.number: item} if item else {}
         self._write(pending)
 

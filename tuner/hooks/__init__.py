@@ -42,6 +42,8 @@ debug level, and tuner goes on as if the hook did not exist, only slower:
   (``tuner.driver.intermediate``). Without it each value is written by ``Trial.report``, one
   transaction each: the same values, slower asks and reports. (:func:`write_intermediate_value`
   writes one where ``report`` would skip it: a value the pruner was shown before a batch failed.)
+  :func:`hold_intermediate_values` hands a trial's last values to its :func:`driver_storage`, which
+  writes them with the trial's end; without it they are written as above.
 - :func:`driver_storage`: Optuna's ``_CachedStorage`` (subclassed: its ``_studies``, ``_lock``, trial
   maps and ``_read_trials_from_remote_storage``) and ``RDBStorage._get_trials``, to keep the trials a
   driver runs in memory, so that an ask does not read every trial in flight back from the
@@ -97,7 +99,7 @@ from tuner.hooks.graph import (
     stop_checks,
     stoppable_graph,
 )
-from tuner.hooks.storage import FRESH_S, RESYNC_S, driver_storage, flush_held
+from tuner.hooks.storage import FRESH_S, RESYNC_S, driver_storage, flush_held, hold_intermediate_values
 from tuner.hooks.tpe import TPE_BEST, TPE_WINDOW, windowed_tpe
 from tuner.hooks.trials import (
     batches_values,
@@ -118,7 +120,8 @@ from tuner.hooks.trials import (
 __all__ = [
     "CHECK_EVERY", "CREATE_OP", "FRESH_S", "RESYNC_S", "SET_ATTR", "TPE_BEST", "TPE_WINDOW", "BuildStopped",
     "batches_values", "cached_trial", "can_set_attrs", "delete_intermediate_values_from", "driver_storage",
-    "fail_trial", "flush_held", "frozen_trial", "import_without", "insert_intermediate_values", "is_enqueued",
+    "fail_trial", "flush_held", "frozen_trial", "hold_intermediate_values", "import_without",
+    "insert_intermediate_values", "is_enqueued",
     "loopback_node",
     "ray_processes_in_own_group", "record_heartbeat", "record_heartbeats", "save_trial_note", "set_int_attr",
     "set_tensor_attr", "stop_checks", "stop_ray_monitor", "stoppable_graph", "tell_pruned_without_value",

@@ -19,8 +19,9 @@ RESYNC_S = 30.0  # seconds between two full reads of a driver's running trials (
 FRESH_S = 0.5  # seconds within which a read serves the copies without asking the database (:func:`driver_storage`)
 _driver_storage: list[type] = []  # the DriverStorage class, made once Optuna is imported
 # what a driver storage holds for a trial: its parameters (name, internal value, distribution), its
-# attributes ((a user attribute?, key) -> value), and whether its first heartbeat
-Held = tuple[list[tuple[str, float, Any]], dict[tuple[bool, str], Any], bool]
+# attributes ((a user attribute?, key) -> value), whether its first heartbeat, and intermediate values
+# (step -> value)
+Held = tuple[list[tuple[str, float, Any]], dict[tuple[bool, str], Any], bool, dict[int, float]]
 
 
 def driver_storage(backend: RDBStorage, resync: float = RESYNC_S, fresh: float = FRESH_S) -> BaseStorage:
@@ -40,12 +41,13 @@ def driver_storage(backend: RDBStorage, resync: float = RESYNC_S, fresh: float =
     as stale). A trial this driver creates is read back once, by the next read. A parameter whose
     distribution the study holds already is checked at once, and it and the trial's attributes are
     held and written with the trial's others in one transaction (:func:`flush_held`, or the
-    storage's next read or write); a trial this driver finishes is written with what it holds, its
+    storage's next read or write); a trial this driver finishes is written with what it holds (the
+    intermediate values the search writes at its end too, :func:`hold_intermediate_values`), its
     state and values in one transaction, and its copy finished in memory. A state it starts (an
     enqueued trial) is read back from the database (one trial). Batched and deleted intermediate
     values (:func:`insert_intermediate_values`, :func:`delete_intermediate_values_from`) update the
-    copies too. A trial the search runs takes 4 commits, 8 when each attribute and its first heartbeat were one
-    (``tests/test_driver_storage.py``).
+    copies too. A trial the search runs takes 3 commits, 8 when each attribute, its first heartbeat and
+    its last values were one (``tests/test_driver_storage.py``).
 
     Fails open: when Optuna's cache or its RDB internals are not where this looks
     (``optuna.storages._cached_storage``, ``RDBStorage._get_trials``), ``backend`` is returned, which
@@ -71,6 +73,23 @@ def flush_held(study: optuna.Study) -> None:
     flush = getattr(getattr(study, "_storage", None), "flush_held", None)
     if flush is not None:
         flush()
+
+
+def hold_intermediate_values(trial: optuna.trial.Trial, values: Mapping[int, float]) -> bool:
+    """Hand a running ``trial``'s intermediate values (step -> value) to its :func:`driver_storage`, to
+    be written with the trial's next write (the search's next is its end: one transaction, one commit
+    fewer), and put them in the trial's own copy (:func:`tuner.hooks.cached_trial`), as
+    ``Trial.report`` does. False, with nothing held, on another storage or for a trial the storage
+    does not run (the caller writes them then)."""
+    from tuner.hooks.trials import cached_trial
+
+    hold = getattr(getattr(trial.study, "_storage", None), "hold_values", None)
+    own = cached_trial(trial)
+    if hold is None or own is None or not hold(trial._trial_id, values):
+        return False
+    for step, value in values.items():
+        own.intermediate_values.setdefault(step, value)
+    return True
 
 
 def _driver_storage_class() -> type:
@@ -104,6 +123,7 @@ def _driver_storage_class() -> type:
             # trial id -> attributes not written yet: (a user attribute?, key) -> value
             self._attrs: dict[int, dict[tuple[bool, str], Any]] = {}
             self._beats: set[int] = set()  # ids of this driver's trials whose first heartbeat is held
+            self._values: dict[int, dict[int, float]] = {}  # trial id -> intermediate values not written yet
             self._beaten: set[int] = set()  # ids of this driver's trials whose first heartbeat was held once
 
         def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
@@ -169,13 +189,14 @@ def _driver_storage_class() -> type:
             """Write what is held, all trials' in one transaction (a trial finished meanwhile, failed
             as stale by another launch, is read back instead)."""
             with self._lock:
-                held = {tid: self._take(tid) for tid in {*self._params, *self._attrs, *self._beats}}
+                held = {tid: self._take(tid) for tid in {*self._params, *self._attrs, *self._beats, *self._values}}
             if not held:
                 return
             try:
                 self._flush(held, ignore=False)
             except IntegrityError:  # the heartbeat thread wrote a first beat meanwhile: again, without them
-                self._flush({tid: (params, attrs, False) for tid, (params, attrs, _) in held.items()}, ignore=True)
+                self._flush({tid: (params, attrs, False, values) for tid, (params, attrs, _, values) in held.items()},
+                            ignore=True)
 
         def _flush(self, held: Mapping[int, Held], ignore: bool) -> None:
             try:
@@ -194,14 +215,16 @@ def _driver_storage_class() -> type:
             """What is held for ``trial_id``, no longer held. Under the lock."""
             beat = trial_id in self._beats
             self._beats.discard(trial_id)
-            return self._params.pop(trial_id, []), self._attrs.pop(trial_id, {}), beat
+            return self._params.pop(trial_id, []), self._attrs.pop(trial_id, {}), beat, self._values.pop(trial_id, {})
 
         def _restore(self, held: Mapping[int, Held]) -> None:
             """Hold again what a transaction that failed on a key did not write (before anything held since)."""
             with self._lock:
-                for trial_id, (params, attrs, _) in held.items():
+                for trial_id, (params, attrs, _, values) in held.items():
                     self._params[trial_id] = [*params, *self._params.get(trial_id, [])]
                     self._attrs[trial_id] = {**attrs, **self._attrs.get(trial_id, {})}
+                    if values or trial_id in self._values:  # a step's first value wins
+                        self._values[trial_id] = {**self._values.get(trial_id, {}), **values}
 
         def _updatable(self, session: Any, trial_id: int) -> Any:
             """The trial's row, for update; raises ``UpdateFinishedTrialError`` if it has finished."""
@@ -210,9 +233,9 @@ def _driver_storage_class() -> type:
             return trial
 
         def _write(self, session: Any, trial: Any, params: Sequence[tuple[str, float, Any]],
-                   attrs: Mapping[tuple[bool, str], Any], beat: bool) -> None:
-            """Add the held ``params`` (their distributions checked already), ``attrs`` and first
-            ``beat`` of ``trial``."""
+                   attrs: Mapping[tuple[bool, str], Any], beat: bool, values: Mapping[int, float]) -> None:
+            """Add the held ``params`` (their distributions checked already), ``attrs``, first
+            ``beat`` and intermediate ``values`` (a step the database holds keeps its value) of ``trial``."""
             if beat and session.query(models.TrialHeartbeatModel.trial_id).filter(
                     models.TrialHeartbeatModel.trial_id == trial.trial_id).first() is None:
                 session.add(models.TrialHeartbeatModel(trial_id=trial.trial_id))
@@ -222,6 +245,15 @@ def _driver_storage_class() -> type:
             for (user, key), value in attrs.items():
                 kind = models.TrialUserAttributeModel if user else models.TrialSystemAttributeModel
                 self._backend._set_trial_attr_without_commit(session, kind, trial.trial_id, key, value)
+            if values:
+                model = models.TrialIntermediateValueModel
+                stored = {step for (step,) in session.query(model.step).filter(
+                    model.trial_id == trial.trial_id, model.step >= min(values))}
+                for step, reported in values.items():
+                    if step not in stored:
+                        as_stored, value_type = model.intermediate_value_to_stored_repr(reported)
+                        session.add(model(trial_id=trial.trial_id, step=step, intermediate_value=as_stored,
+                                          intermediate_value_type=value_type))
 
         def _through(self, trial_id: int, write: Callable[[], Any]) -> Any:
             """``write()`` to the database, after what is held; where the trial has finished already
@@ -291,8 +323,8 @@ def _driver_storage_class() -> type:
             with self._lock:
                 if trial_id not in self._own:
                     return False
-                params, attrs, _ = self._take(trial_id)  # a first beat held: none needed now
-                writes = (params, attrs, False)
+                params, attrs, _, reported = self._take(trial_id)  # a first beat held: none needed now
+                writes = (params, attrs, False, reported)
             now = datetime.datetime.now()
             try:
                 with _create_scoped_session(self._backend.scoped_session) as session:
@@ -354,6 +386,22 @@ def _driver_storage_class() -> type:
                 self._attrs.setdefault(trial_id, {})[(user, key)] = value
                 return True
 
+        def hold_values(self, trial_id: int, values: Mapping[int, float]) -> bool:
+            """Hold intermediate values of this driver's running trial, to be written with its next
+            write (the search's next: the trial's end), each step's first value kept, and put them in
+            its copy; False for another trial (nothing held)."""
+            with self._lock:
+                if trial_id not in self._own:
+                    return False
+                study_id, number = self._trial_id_to_study_id_and_number[trial_id]
+                known = self._studies[study_id].trials[number].intermediate_values
+                held = self._values.setdefault(trial_id, {})
+                for step, value in values.items():
+                    if step not in known:
+                        held.setdefault(step, value)
+            self.held_values(trial_id, values)
+            return True
+
         def held_values(self, trial_id: int, values: Mapping[int, float], replace: bool = False) -> None:
             """Intermediate values written to the database without this storage: a step held already
             keeps its value unless ``replace``."""
@@ -364,7 +412,12 @@ def _driver_storage_class() -> type:
             self._change(trial_id, change)
 
         def dropped_values_from(self, trial_id: int, step: int) -> None:
-            """Intermediate values from ``step`` on were deleted from the database without this storage."""
+            """Intermediate values from ``step`` on were deleted from the database without this storage
+            (those held from ``step`` on are dropped too)."""
+            with self._lock:
+                held = self._values.get(trial_id)
+                if held:
+                    self._values[trial_id] = {s: v for s, v in held.items() if s < step}
             self._change(trial_id, lambda t: setattr(
                 t, "intermediate_values", {s: v for s, v in t.intermediate_values.items() if s < step}))
 
