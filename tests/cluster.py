@@ -70,11 +70,6 @@ class RayNodes:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def add_worker(self, cpus: int = 1, gpus: int = 0) -> None:
-        before = self.alive()
-        self.workers.append(_start([f"--address={self.address}", f"--num-cpus={cpus}", f"--num-gpus={gpus}"]))
-        self.wait_alive(before + 1)
-
     def alive(self) -> int:
         out = subprocess.run([str(BIN / "ray"), "status", f"--address={self.address}"], env=_env(),
                              capture_output=True, text=True, timeout=60).stdout
@@ -99,10 +94,10 @@ def start_cluster(head_cpus: int = 1, workers: int = 1, worker_cpus: int = 1) ->
     head = _start(["--head", f"--port={port}", f"--num-cpus={head_cpus}", "--include-dashboard=false"])
     nodes = RayNodes(port, head)
     try:
-        wait_port(port)
-        nodes.wait_alive(1)
-        for _ in range(workers):
-            nodes.add_worker(worker_cpus)
+        wait_port(port)  # the head's GCS answers: the workers can join while its own raylet starts
+        nodes.workers = [_start([f"--address={nodes.address}", f"--num-cpus={worker_cpus}", "--num-gpus=0"])
+                         for _ in range(workers)]
+        nodes.wait_alive(1 + workers)
     except BaseException:
         nodes.stop()
         raise
