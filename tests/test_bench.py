@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -148,6 +149,38 @@ def test_robustness_interval_of_the_median_ratio_is_narrow_only_where_the_seeds_
     shuffled = [0.0003, 0.0002, 0.028, 0.0005, 0.006, 0.0003, 0.0007, 0.0005, 0.003, 0.008]  # the same values
     low, high = robustness.bootstrap_interval(shuffled, alt, draws=500)
     assert low < 0.5 and high > 2.0
+
+
+def test_robustness_model_and_space_reach_every_launch_and_the_model_every_held_out_check(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/robustness.py --model FILE:Name --space FILE: each launch (run in a temporary folder) gets
+    both by absolute path, and each ``tuner verify`` the model (a config file never picks the code it
+    runs) and no space. The launches are recorded here instead of run (the smoke runs real ones)."""
+    import types
+
+    robustness = bench_module("robustness")
+    calls: list[list[str]] = []
+
+    def tuner(argv: list[str], cwd: str) -> tuple[int, str]:
+        calls.append(argv)
+        return 0, "survived 4/4 seeds; validation loss 0.25 (mean)"
+
+    monkeypatch.setattr(robustness, "tuner", tuner)
+    monkeypatch.setattr(robustness.optuna, "load_study", lambda **_: types.SimpleNamespace(user_attrs={}))
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", ["robustness.py", "--smoke", "--model", "examples/adding_lstm.py:AddingRNN",
+                                      "--space", "examples/adding_lstm.yaml", "--json", str(tmp_path / "r.json")])
+    robustness.main()
+    model = f"{ROOT / 'examples' / 'adding_lstm.py'}:AddingRNN"
+    launches = [argv for argv in calls if argv[0] == "launch"]
+    checks = [argv for argv in calls if argv[0] == "verify"]
+    assert len(launches) == len(checks) == 2  # tuner now and no racing, each checked on held-out seeds
+    for argv in launches:
+        assert argv[argv.index("--model") + 1] == model
+        assert argv[argv.index("--space") + 1] == str(ROOT / "examples" / "adding_lstm.yaml")
+    for argv in checks:
+        assert argv[argv.index("--model") + 1] == model and "--space" not in argv
+    assert "robustness of examples/adding_lstm.py:AddingRNN" in capsys.readouterr().out
 
 
 def test_search_efficiency_constrained_tpe_is_told_how_early_a_trial_diverged() -> None:
