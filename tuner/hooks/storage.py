@@ -403,8 +403,8 @@ def _driver_storage_class() -> type:
             return True
 
         def held_values(self, trial_id: int, values: Mapping[int, float], replace: bool = False) -> None:
-            """Intermediate values written to the database without this storage: a step held already
-            keeps its value unless ``replace``."""
+            """Intermediate values written to the database without this storage, or held by it, into
+            the trial's copy: a step the copy has already keeps its value unless ``replace``."""
             def change(t: FrozenTrial) -> None:
                 held = t.intermediate_values
                 t.intermediate_values = {**held, **{s: v for s, v in values.items() if replace or s not in held}}
