@@ -8,6 +8,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from tuner.hooks.trials import add_value_rows, cached_trial
+
 if TYPE_CHECKING:
     import optuna
     from optuna.storages import BaseStorage, RDBStorage
@@ -81,8 +83,6 @@ def hold_intermediate_values(trial: optuna.trial.Trial, values: Mapping[int, flo
     fewer), and put them in the trial's own copy (:func:`tuner.hooks.cached_trial`), as
     ``Trial.report`` does. False, with nothing held, on another storage or for a trial the storage
     does not run (the caller writes them then)."""
-    from tuner.hooks.trials import cached_trial
-
     hold = getattr(getattr(trial.study, "_storage", None), "hold_values", None)
     own = cached_trial(trial)
     if hold is None or own is None or not hold(trial._trial_id, values):
@@ -223,7 +223,7 @@ def _driver_storage_class() -> type:
                 for trial_id, (params, attrs, _, values) in held.items():
                     self._params[trial_id] = [*params, *self._params.get(trial_id, [])]
                     self._attrs[trial_id] = {**attrs, **self._attrs.get(trial_id, {})}
-                    if values or trial_id in self._values:  # a step's first value wins
+                    if values:  # a step's first value wins
                         self._values[trial_id] = {**self._values.get(trial_id, {}), **values}
 
         def _updatable(self, session: Any, trial_id: int) -> Any:
@@ -245,15 +245,7 @@ def _driver_storage_class() -> type:
             for (user, key), value in attrs.items():
                 kind = models.TrialUserAttributeModel if user else models.TrialSystemAttributeModel
                 self._backend._set_trial_attr_without_commit(session, kind, trial.trial_id, key, value)
-            if values:
-                model = models.TrialIntermediateValueModel
-                stored = {step for (step,) in session.query(model.step).filter(
-                    model.trial_id == trial.trial_id, model.step >= min(values))}
-                for step, reported in values.items():
-                    if step not in stored:
-                        as_stored, value_type = model.intermediate_value_to_stored_repr(reported)
-                        session.add(model(trial_id=trial.trial_id, step=step, intermediate_value=as_stored,
-                                          intermediate_value_type=value_type))
+            add_value_rows(session, {trial.trial_id: values})
 
         def _through(self, trial_id: int, write: Callable[[], Any]) -> Any:
             """``write()`` to the database, after what is held; where the trial has finished already
@@ -393,12 +385,9 @@ def _driver_storage_class() -> type:
             with self._lock:
                 if trial_id not in self._own:
                     return False
-                study_id, number = self._trial_id_to_study_id_and_number[trial_id]
-                known = self._studies[study_id].trials[number].intermediate_values
                 held = self._values.setdefault(trial_id, {})
                 for step, value in values.items():
-                    if step not in known:
-                        held.setdefault(step, value)
+                    held.setdefault(step, value)  # a step the database holds is skipped when written
             self.held_values(trial_id, values)
             return True
 

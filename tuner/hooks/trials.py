@@ -295,22 +295,31 @@ def _insert_rows(backend: RDBStorage, pending: Mapping[int, Mapping[int, float]]
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
-    value_model = models.TrialIntermediateValueModel
     with _create_scoped_session(backend.scoped_session, True) as session:
-        ids = list(pending)
         running = {tid for tid, state in session.query(models.TrialModel.trial_id, models.TrialModel.state)
-                   .filter(models.TrialModel.trial_id.in_(ids)) if state == optuna.trial.TrialState.RUNNING}
-        first = min(min(values) for values in pending.values())
-        held = set(session.query(value_model.trial_id, value_model.step)
-                   .filter(value_model.trial_id.in_(ids), value_model.step >= first))
-        rows, written = [], {}
-        for tid in running:
-            written[tid] = {step: value for step, value in pending[tid].items() if (tid, step) not in held}
-            for step, value in written[tid].items():
-                stored, kind = value_model.intermediate_value_to_stored_repr(value)
-                rows.append(value_model(trial_id=tid, step=step, intermediate_value=stored,
-                                        intermediate_value_type=kind))
-        session.add_all(rows)
+                   .filter(models.TrialModel.trial_id.in_(list(pending)))
+                   if state == optuna.trial.TrialState.RUNNING}
+        return add_value_rows(session, {tid: pending[tid] for tid in running})
+
+
+def add_value_rows(session: Any, pending: Mapping[int, Mapping[int, float]]) -> dict[int, dict[int, float]]:
+    """Add to an RDB ``session`` the rows of intermediate values (trial id -> step -> value) whose step
+    the trial does not hold yet (its first value wins, as with ``report``); the values added, by trial id."""
+    from optuna.storages._rdb import models
+
+    value_model = models.TrialIntermediateValueModel
+    pending = {tid: values for tid, values in pending.items() if values}
+    if not pending:
+        return {}
+    first = min(min(values) for values in pending.values())
+    held = set(session.query(value_model.trial_id, value_model.step)
+               .filter(value_model.trial_id.in_(list(pending)), value_model.step >= first))
+    written = {}
+    for tid, values in pending.items():
+        written[tid] = {step: value for step, value in values.items() if (tid, step) not in held}
+        for step, value in written[tid].items():
+            stored, kind = value_model.intermediate_value_to_stored_repr(value)
+            session.add(value_model(trial_id=tid, step=step, intermediate_value=stored, intermediate_value_type=kind))
     return written
 
 
