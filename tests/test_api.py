@@ -187,6 +187,24 @@ def test_api_launch_of_a_class_then_load_and_verify(tmp_path: Path, monkeypatch:
     assert not set(evidence.seeds) & set(result.answer.stability.seeds)  # fresh seeds
 
 
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.tf
+def test_api_launch_of_a_class_after_the_notebooks_own_ray_init_ships_it_to_the_workers(
+        ray_cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray already started in this process (here by the session's cluster, in a notebook by the user's
+    own ``ray.init()``): tuner joins it, and the class it was given still reaches every worker."""
+    import ray
+
+    assert ray.is_initialized()
+    monkeypatch.chdir(tmp_path)
+    result = tuner.launch(NotebookMLP, trials=1, steps=20, seeds=1, race_seeds=0, verify_seeds=0, margin=False,
+                          storage="sqlite:///t.db", tracking_uri="sqlite:///m.db", out="best.yaml", progress=False)
+    assert [t.state.value for t in result.trials] != ["failed"], result.trials  # else: ModelError on the worker
+    assert result.answer is not None and result.answer.study.model == "object:NotebookMLP"
+    assert ray.is_initialized()  # the notebook's Ray is left running
+
+
 def test_repo_has_the_api_doc() -> None:
     text = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
     for name in ("tuner.launch", "tuner.load", "tuner.verify", "trials_dataframe", "plot_stability_map",

@@ -107,13 +107,16 @@ class RayExecutor:
     def __init__(self, config: ClusterConfig) -> None:
         _tell("created")
         self.config = config
+        joined = ray.is_initialized()  # this process's own ray.init() came first (a notebook's)
         self._embedded = _connect(config)  # None: joined a cluster that someone else owns
         self.slots = _slots(config)
+        options: dict[str, Any] = {"num_cpus": config.cpus_per_trial, "num_gpus": config.gpus_per_trial,
+                                   "max_restarts": 0, "max_task_retries": 0}
+        if joined and config.runtime_env:
+            # that call gave the job its runtime env, without the model: it travels with each worker
+            options["runtime_env"] = config.runtime_env
         # Ray types what an actor class's ``remote`` returns as a union with the class itself
-        self._actor_class: Any = ray.remote(TrialWorker).options(
-            num_cpus=config.cpus_per_trial, num_gpus=config.gpus_per_trial,
-            max_restarts=0, max_task_retries=0,
-        )
+        self._actor_class: Any = ray.remote(TrialWorker).options(**options)
         self._starting: dict[ray.ObjectRef[dict[str, object]], Worker] = {}  # ready() ref -> actor importing TF
         self._idle: list[Worker] = []
         self._graphs: dict[Worker, deque[tuple[str, str]]] = {}  # actor -> graph keys it keeps, oldest first
