@@ -44,9 +44,9 @@ TINY = ["--trials", "1", "--steps", "20", "--seeds", "1", "--race-seeds", "0", "
 VERIFY_TINY = ["--seeds", "2", "--steps", "20", "--min-survival", "0.3"]  # a bar 2 seeds can reach (0.34)
 MAIN = ".venv/bin/python -m tuner launch"  # the README's main job, after its set-up
 SETUP_MAIN = f"python3 -m venv .venv && .venv/bin/pip install -e . && {MAIN}"
-SETUP_TESTS = 'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && .venv/bin/python -m pytest'
-SET_UP = ("python3 -m venv .venv", ".venv/bin/pip install -e .", '.venv/bin/pip install -e ".[dev]"',
-          ".venv/bin/python -m pytest")
+TESTS = ".venv/bin/python -m pytest -n 2 --dist loadfile"  # two test files at a time (pytest-xdist)
+SETUP_TESTS = f'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && {TESTS}'
+SET_UP = ("python3 -m venv .venv", ".venv/bin/pip install -e .", '.venv/bin/pip install -e ".[dev]"', TESTS)
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def test_docs_readme_starts_with_the_two_commands_and_ci_runs_the_second() -> No
     readme = [c for c in COMMANDS if c.where.startswith("README.md")]
     assert [c.text for c in readme[:2]] == [SETUP_MAIN, SETUP_TESTS]
     ci = (ROOT / ".ci" / "run").read_text()
-    assert 'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" && .venv/bin/python -m pytest' in ci
+    assert f'python3 -m venv .venv && .venv/bin/pip install -q -e ".[dev]" && {TESTS}\n' in ci
 
 
 def _each(*kinds: str) -> list[tuple[str, str]]:
