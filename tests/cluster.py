@@ -51,6 +51,17 @@ def _start(args: list[str]) -> subprocess.Popen[bytes]:
     )
 
 
+RAY_ADDRESS_FILE = Path("/tmp/ray/ray_current_cluster")  # `ray start --head` leaves its address here
+
+
+def names_port(port: int) -> bool:
+    """Whether Ray's address file (where a plain ``ray.init()`` looks for a cluster) names ``port``."""
+    try:
+        return RAY_ADDRESS_FILE.read_text().strip().rpartition(":")[2] == str(port)
+    except OSError:
+        return False
+
+
 def kill_group(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL a process started in its own session, with everything in its group."""
     with contextlib.suppress(ProcessLookupError):
@@ -86,6 +97,8 @@ class RayNodes:
     def stop(self) -> None:
         for process in [*self.workers, self.head]:
             kill_group(process)
+        if names_port(self.port):  # a plain ray.init() on this machine would try to join the dead cluster
+            RAY_ADDRESS_FILE.unlink(missing_ok=True)
 
 
 def start_cluster(head_cpus: int = 1, workers: int = 1, worker_cpus: int = 1) -> RayNodes:

@@ -175,7 +175,7 @@ def test_fault_joined_cluster_loses_its_only_worker_node_stops_with_one_line(tmp
     stops with one line and exit 5, its trials FAIL and queued again, nothing RUNNING."""
     from mlflow.tracking import MlflowClient
 
-    from tests.cluster import kill_group, start_cluster
+    from tests.cluster import kill_group, names_port, start_cluster
 
     nodes = start_cluster(head_cpus=0, workers=1, worker_cpus=2)
     try:
@@ -194,6 +194,7 @@ def test_fault_joined_cluster_loses_its_only_worker_node_stops_with_one_line(tmp
         assert driver.wait(timeout=120) == 5, log.read_text()[-3000:]
     finally:
         nodes.stop()
+    assert not names_port(nodes.port)  # stopped: a plain ray.init() here no longer looks for it
     text = log.read_text()
     errors = [line for line in text.splitlines() if line.startswith("tuner: error:")]
     assert len(errors) == 1 and "could host a seed run for 3 s" in errors[0] and "Traceback" not in text
