@@ -17,7 +17,7 @@ import optuna
 import pytest
 
 from tests.cluster import RayNodes, free_port, kill_group, start_cluster, start_mlflow_server
-from tests.conftest import FINISHED, NO_VERIFY, ROOT, expected_status, made_study, run_tuner
+from tests.conftest import FINISHED, NO_VERIFY, ROOT, expected_status, made_study, run_tuner, training
 from tuner.driver.trialrecord import read
 
 pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.tf, pytest.mark.slow]
@@ -181,7 +181,10 @@ def test_cluster_random_worker_killed_mid_study_every_trial_terminal(cluster: Ra
 def test_cluster_lost_node_runs_are_retried_and_study_finishes(cluster: RayNodes, tmp_path: Path) -> None:
     """Last in this module: it kills the worker node."""
     driver = start_tuner(launch_args(tmp_path, cluster.address, trials=3, steps=3000), tmp_path)
-    wait_until(lambda: running(tmp_path))
+    # a seed has reported a step: the workers have imported TensorFlow (both start together, and a
+    # trial's seeds run side by side); a RUNNING trial alone may still be waiting for them, and a
+    # node killed before its worker got a run has no run to retry
+    wait_until(lambda: training(f"sqlite:///{tmp_path / 't.db'}", "s"))
     time.sleep(4)  # both seeds are training, one on each node
     kill_group(cluster.workers.pop())
     output, _ = driver.communicate(timeout=400)
