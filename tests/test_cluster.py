@@ -167,7 +167,7 @@ def worker_pids(cluster: RayNodes) -> list[int]:
 
 def test_cluster_random_worker_killed_mid_study_every_trial_terminal(cluster: RayNodes, tmp_path: Path) -> None:
     driver = start_tuner(launch_args(tmp_path, cluster.address, trials=3, steps=2000), tmp_path)
-    wait_until(lambda: running(tmp_path))
+    wait_until(lambda: training(f"sqlite:///{tmp_path / 't.db'}", "s"))  # the workers have runs (below)
     time.sleep(3)
     victim = random.choice(worker_pids(cluster))
     os.kill(victim, signal.SIGKILL)
